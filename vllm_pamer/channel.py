@@ -1,0 +1,159 @@
+"""Capture channel: worker -> API server, one message per captured prefill.
+
+The worker that computed the final hidden state pushes a small msgpack record
+(head logits, votes, decision, the state itself) on a ZeroMQ PUSH socket; the
+API server's endpoint plugin binds the PULL end and files each record under the
+capture key it put into the request's ``vllm_xargs``. Pushing never blocks the
+engine: when nobody listens (offline ``LLM`` use, or the queue is full) records
+are dropped and counted.
+
+The address travels in ``PAMER_CHANNEL`` (inherited by the engine
+processes); ``ensure_channel_address`` picks a fresh ipc path in the first
+process that loads the plugin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import time
+import uuid
+from collections import OrderedDict
+
+import msgspec
+import numpy as np
+
+CHANNEL_ENV = "PAMER_CHANNEL"
+CAPTURE_KEY = "pamer_capture"
+"""``SamplingParams.extra_args`` key that names a request's capture."""
+SESSION_KEY = "pamer_session"
+
+
+class CaptureRecord(msgspec.Struct, array_like=True):
+    """What the worker captured at one request's completed prompt prefill."""
+
+    key: str | None
+    """Capture key from extra_args (None when the request carried none)."""
+    request_id: str
+    """vLLM's internal request id."""
+    session_id: str | None
+    num_prompt_tokens: int
+    hidden: bytes
+    """Final-norm state of the last prompt token, float32, little endian."""
+    head_logits: list[float] | None = None
+    votes: int | None = None
+    decision: bool | None = None
+    heads_error: str | None = None
+    """Why the heads could not be evaluated (the probe-failure fallback)."""
+
+    def hidden_state(self) -> np.ndarray:
+        return np.frombuffer(self.hidden, dtype="<f4")
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(CaptureRecord)
+
+
+def ensure_channel_address() -> str:
+    address = os.environ.get(CHANNEL_ENV)
+    if not address:
+        path = os.path.join(tempfile.gettempdir(), f"vllm-pamer-{uuid.uuid4().hex[:12]}.sock")
+        address = f"ipc://{path}"
+        os.environ[CHANNEL_ENV] = address
+    return address
+
+
+class CapturePublisher:
+    """Worker side: non-blocking PUSH of capture records."""
+
+    def __init__(self, address: str | None = None, high_water_mark: int = 10_000) -> None:
+        import zmq
+
+        self.address = address or os.environ.get(CHANNEL_ENV)
+        self.dropped = 0
+        self._zmq = zmq
+        self._socket = None
+        if self.address:
+            self._socket = zmq.Context.instance().socket(zmq.PUSH)
+            self._socket.setsockopt(zmq.SNDHWM, high_water_mark)
+            self._socket.setsockopt(zmq.LINGER, 0)
+            self._socket.connect(self.address)
+
+    def publish(self, record: CaptureRecord) -> None:
+        if self._socket is None:
+            self.dropped += 1
+            return
+        try:
+            self._socket.send(_encoder.encode(record), flags=self._zmq.NOBLOCK)
+        except self._zmq.Again:
+            self.dropped += 1
+
+
+class CaptureInbox:
+    """API-server side: receives records and hands each to whoever waits for
+    its key. Unclaimed records expire (bounded memory)."""
+
+    def __init__(self, address: str, max_pending: int = 4096) -> None:
+        self.address = address
+        self.max_pending = max_pending
+        self.received = 0
+        self._records: OrderedDict[str, tuple[float, CaptureRecord]] = OrderedDict()
+        self._waiters: dict[str, asyncio.Future] = {}
+        self._task: asyncio.Task | None = None
+        self._socket = None
+
+    def start(self) -> None:
+        import zmq
+        import zmq.asyncio
+
+        if self.address.startswith("ipc://"):
+            path = self.address[len("ipc://"):]
+            if os.path.exists(path):
+                os.unlink(path)  # stale socket of a killed server
+        self._socket = zmq.asyncio.Context.instance().socket(zmq.PULL)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.bind(self.address)
+        self._task = asyncio.get_running_loop().create_task(self._receive_forever())
+
+    async def _receive_forever(self) -> None:
+        while True:
+            payload = await self._socket.recv()
+            try:
+                record = _decoder.decode(payload)
+            except msgspec.DecodeError:
+                continue
+            self.received += 1
+            if record.key is None:
+                continue
+            waiter = self._waiters.pop(record.key, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(record)
+                continue
+            self._records[record.key] = (time.monotonic(), record)
+            while len(self._records) > self.max_pending:
+                self._records.popitem(last=False)
+
+    async def wait_for(self, key: str, timeout: float) -> CaptureRecord | None:
+        """The record for ``key``, waiting up to ``timeout`` seconds for it."""
+        entry = self._records.pop(key, None)
+        if entry is not None:
+            return entry[1]
+        future = asyncio.get_running_loop().create_future()
+        self._waiters[key] = future
+        try:
+            return await asyncio.wait_for(future, timeout)
+        except asyncio.TimeoutError:
+            return None
+        finally:
+            self._waiters.pop(key, None)
+
+    def forget(self, key: str) -> None:
+        """Drop a record nobody will ask for (the request failed)."""
+        self._records.pop(key, None)
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        if self._socket is not None:
+            self._socket.close()

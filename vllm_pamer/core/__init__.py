@@ -1,0 +1,1 @@
+"""Pure core: no vLLM import. Chat blocks, protocol checks, policies, heads format."""

@@ -1,0 +1,59 @@
+"""The rewrite path of one request, with the paper's fallback rules.
+
+Pure: takes messages and the session's previous vote, returns what to send
+and the action taken. A rule that fires always returns the original messages,
+so nothing the agent sent is ever lost.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import msgspec
+
+from vllm_pamer.core.blocks import Message, protocol_issues, split_conversation
+from vllm_pamer.core.policies import HeadVote, MemoryPolicy, PolicyDecision, PolicyRequest
+
+logger = logging.getLogger("vllm_pamer.pipeline")
+
+
+class RewriteOutcome(msgspec.Struct, frozen=True):
+    messages: list[Message]
+    action: str
+    """``none``, ``rewritten`` or ``fallback:<rule>``."""
+    detail: str = ""
+
+    @property
+    def is_fallback(self) -> bool:
+        return self.action.startswith("fallback:")
+
+
+def _fallback(messages: Sequence[Message], rule: str, detail: str = "") -> RewriteOutcome:
+    return RewriteOutcome(list(messages), f"fallback:{rule}", detail)
+
+
+async def rewrite_request(
+    messages: Sequence[Message],
+    session_id: str | None,
+    policy: MemoryPolicy,
+    previous_vote: HeadVote | None = None,
+) -> RewriteOutcome:
+    if not session_id:
+        return _fallback(messages, "missing_session_id")
+    issues = protocol_issues(messages)
+    if issues:
+        first = issues[0]
+        return _fallback(messages, "unsafe_tool_protocol", f"{first.rule} at message {first.index}: {first.detail}")
+    request = PolicyRequest(session_id, split_conversation(messages), previous_vote)
+    try:
+        decision: PolicyDecision = await policy.rewrite(request)
+    except Exception as exc:  # a failed memory operation never removes history
+        logger.exception("policy %s failed", policy.name)
+        return _fallback(messages, "policy_error", f"{type(exc).__name__}: {exc}")
+    if decision.action.startswith("fallback:"):
+        return RewriteOutcome(list(messages), decision.action, decision.detail)
+    issues = protocol_issues(decision.messages)
+    if issues or not decision.messages:
+        return _fallback(messages, "invalid_rewrite", issues[0].detail if issues else "empty result")
+    return RewriteOutcome(decision.messages, decision.action, decision.detail)

@@ -1,0 +1,28 @@
+"""Memory policies behind one interface; importing this package registers them."""
+
+from vllm_pamer.core.policies import baselines  # noqa: F401  (registers none, recent_k)
+from vllm_pamer.core.policies.base import (
+    HeadVote,
+    MemoryPolicy,
+    PolicyConfig,
+    PolicyDecision,
+    PolicyRequest,
+    UnknownPolicy,
+    available_policies,
+    create_policy,
+    policy_class,
+    register_policy,
+)
+
+__all__ = [
+    "HeadVote",
+    "MemoryPolicy",
+    "PolicyConfig",
+    "PolicyDecision",
+    "PolicyRequest",
+    "UnknownPolicy",
+    "available_policies",
+    "create_policy",
+    "policy_class",
+    "register_policy",
+]

@@ -1,0 +1,98 @@
+"""The policy interface: one small ABC, typed configs, and a registry.
+
+A policy sees one request of a session (already split into blocks) and the
+vote captured at that session's previous prefill, and returns the messages to
+send plus the action it took. Policies never touch the engine directly; later
+policies (PaMER) receive their engine services through ``PolicyRequest``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+import msgspec
+
+from vllm_pamer.core.blocks import Conversation, Message
+
+
+class HeadVote(msgspec.Struct, frozen=True):
+    """What the five heads said about one captured prefill state."""
+
+    logits: tuple[float, ...]
+    votes: int
+    compress: bool
+
+
+class PolicyRequest(msgspec.Struct, frozen=True):
+    """One request of a session, as a policy sees it."""
+
+    session_id: str
+    conversation: Conversation
+    previous_vote: HeadVote | None = None
+    """Vote captured at this session's previous request (the pre-action state)."""
+
+
+class PolicyDecision(msgspec.Struct, frozen=True):
+    messages: list[Message]
+    action: str
+    """``none`` (sent as is), ``rewritten``, or ``fallback:<rule>``."""
+    detail: str = ""
+
+
+class PolicyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Base of every policy's config (msgspec struct with defaults)."""
+
+
+class MemoryPolicy(ABC):
+    """Base class of every memory policy."""
+
+    name: ClassVar[str]
+    config_cls: ClassVar[type[PolicyConfig]] = PolicyConfig
+    requires_heads: ClassVar[bool] = False
+    """True when the policy cannot decide without trained heads for the model."""
+
+    def __init__(self, config: PolicyConfig | None = None) -> None:
+        self.config = config if config is not None else self.config_cls()
+
+    @abstractmethod
+    async def rewrite(self, request: PolicyRequest) -> PolicyDecision:
+        """Return the messages to send for this request."""
+
+
+class UnknownPolicy(ValueError):
+    pass
+
+
+_REGISTRY: dict[str, type[MemoryPolicy]] = {}
+
+
+def register_policy(cls: type[MemoryPolicy]) -> type[MemoryPolicy]:
+    """Class decorator: make a policy selectable by its ``name``."""
+    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
+        raise ValueError(f"policy name {cls.name!r} is already registered")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def available_policies() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def policy_class(name: str) -> type[MemoryPolicy]:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UnknownPolicy(
+            f"unknown memory policy {name!r}; available: {', '.join(available_policies())}"
+        ) from None
+
+
+def create_policy(name: str, options: dict[str, Any] | None = None) -> MemoryPolicy:
+    """Build a policy from its name and a plain dict of options (validated)."""
+    cls = policy_class(name)
+    try:
+        config = msgspec.convert(options or {}, cls.config_cls)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"bad options for policy {name!r}: {exc}") from None
+    return cls(config)

@@ -1,0 +1,58 @@
+"""Tool calls as text, for chat templates that know no tools (SmolLM2's).
+
+Such a template concatenates ``role`` and ``content`` only: an assistant
+message that just calls tools would render as nothing (or fail on a null
+content). We write each call into the assistant's text and keep tool results
+as ``tool`` messages with a one-line header naming the call they answer.
+Templates with tool support get the messages unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from vllm_pamer.core.blocks import Message
+
+
+def template_supports_tools(chat_template: str | None) -> bool:
+    return bool(chat_template) and "tool_calls" in chat_template
+
+
+def _text(content) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    # content parts: keep the text ones
+    return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+
+
+def render_tools_as_text(messages: Sequence[Message]) -> list[Message]:
+    rendered: list[Message] = []
+    for message in messages:
+        role = message.get("role")
+        if role == "assistant" and message.get("tool_calls"):
+            calls = [
+                "<tool_call>"
+                + json.dumps(
+                    {"name": call["function"].get("name"), "arguments": call["function"].get("arguments")},
+                    ensure_ascii=False,
+                )
+                + "</tool_call>"
+                for call in message["tool_calls"]
+            ]
+            text = "\n".join([t for t in [_text(message.get("content"))] if t] + calls)
+            rendered.append({"role": "assistant", "content": text})
+        elif role == "tool":
+            name = message.get("name") or "tool"
+            header = f"[{name} result for call {message.get('tool_call_id')}]"
+            rendered.append(
+                {"role": "tool", "content": f"{header}\n{_text(message.get('content'))}",
+                 "tool_call_id": message.get("tool_call_id")}
+            )
+        elif message.get("content") is None:
+            rendered.append({**message, "content": ""})
+        else:
+            rendered.append(message)
+    return rendered

@@ -1,0 +1,143 @@
+"""``vllm-pamer demo``: serve the embedded default model with the plugin and
+replay one real multi-turn trajectory through it, printing per step what the
+plugin saw and did.
+
+The demo uses untrained random heads (clearly labelled) until trained heads
+ship: the logits and votes are real computations on the real captured states,
+but they carry no meaning yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from vllm_pamer.default_model import DEFAULT_MODEL_NAME, cache_root, ensure_default_model
+from vllm_pamer.trajectories import agent_requests, load_trajectories
+
+
+def demo_heads_path() -> Path:
+    return cache_root() / "heads" / f"{DEFAULT_MODEL_NAME}-random-seed0.safetensors"
+
+
+def ensure_demo_heads(model_dir: Path) -> Path:
+    path = demo_heads_path()
+    if not path.exists():
+        from transformers import AutoConfig
+
+        from vllm_pamer.core.heads import ModelFingerprint, random_heads, save_heads
+
+        fingerprint = ModelFingerprint.from_hf_config(AutoConfig.from_pretrained(model_dir), DEFAULT_MODEL_NAME)
+        save_heads(random_heads(fingerprint, seed=0), path)
+    return path
+
+
+class ServerProcess:
+    """``vllm-pamer serve`` in a child process (its own process group)."""
+
+    def __init__(self, args: list[str], port: int, log_path: Path) -> None:
+        self.port = port
+        self.base_url = f"http://127.0.0.1:{port}"
+        self.log_path = log_path
+        self._log = open(log_path, "w")
+        cmd = [sys.executable, "-m", "vllm_pamer.cli", "serve", *args, "--port", str(port)]
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_ready(self, timeout: float = 900.0, progress: bool = True) -> None:
+        import requests
+        from tqdm import tqdm
+
+        deadline = time.monotonic() + timeout
+        with tqdm(total=None, desc="starting vllm-pamer serve", unit="s", disable=not progress) as bar:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"server exited with {self.proc.returncode}; see {self.log_path}:\n{self.tail()}")
+                try:
+                    if requests.get(self.base_url + "/health", timeout=2).status_code == 200:
+                        return
+                except requests.RequestException:
+                    pass
+                time.sleep(1)
+                bar.update(1)
+        raise TimeoutError(f"server not ready after {timeout:.0f} s; see {self.log_path}")
+
+    def tail(self, lines: int = 30) -> str:
+        return "".join(Path(self.log_path).read_text(errors="replace").splitlines(True)[-lines:])
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self._log.close()
+
+
+def _fmt_logits(logits) -> str:
+    return "[" + " ".join(f"{v:+.2f}" for v in logits) + "]" if logits else "-"
+
+
+def replay(base_url: str, model: str, trajectory: dict, session_id: str, max_steps: int | None, max_tokens: int):
+    """Send each of the agent's requests of ``trajectory``; yield (step, pamer)."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=base_url + "/v1", api_key="unused")
+    for step, (_, history) in enumerate(agent_requests(trajectory["messages"])):
+        if max_steps is not None and step >= max_steps:
+            break
+        response = client.chat.completions.create(
+            model=model,
+            messages=history,
+            max_tokens=max_tokens,
+            temperature=0,
+            extra_headers={"X-Session-ID": session_id},
+        )
+        yield step, len(history), response
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="vllm-pamer demo", description=__doc__)
+    parser.add_argument("--policy", default="recent_k")
+    parser.add_argument("--trajectory", default="airline-task14-trial1")
+    parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--max-steps", type=int, default=None)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    args = parser.parse_args(argv)
+
+    model_dir = ensure_default_model()
+    heads = ensure_demo_heads(model_dir)
+    trajectories = {t["id"]: t for t in load_trajectories(kind="tau")}
+    trajectory = trajectories[args.trajectory]
+    log_path = cache_root() / "demo-server.log"
+    print(f"model: {model_dir}\nheads: {heads} (UNTRAINED random heads: logits are real, meaning is not)")
+    print(f"policy: {args.policy}; trajectory {trajectory['id']} ({len(trajectory['messages'])} messages); log: {log_path}")
+
+    server = ServerProcess(["--pamer-policy", args.policy, "--pamer-heads", str(heads)], args.port, log_path)
+    try:
+        server.wait_ready()
+        header = f"{'step':>4} {'msgs':>4} {'tok in':>6} {'tok out':>7} {'capt':>4}  {'head logits':<37} {'votes':>5} {'vote':>5}  action"
+        print(header)
+        print("-" * len(header))
+        for step, n_messages, response in replay(
+            server.base_url, DEFAULT_MODEL_NAME, trajectory, f"demo-{trajectory['id']}", args.max_steps, args.max_tokens
+        ):
+            p = response.model_extra["pamer"]
+            print(
+                f"{step:>4} {n_messages:>4} {p['prompt_tokens_in']:>6} {p['prompt_tokens_out']:>7} "
+                f"{'yes' if p['captured'] else 'no':>4}  {_fmt_logits(p['head_logits']):<37} "
+                f"{p['votes'] if p['votes'] is not None else '-':>5} "
+                f"{str(p['compress_vote']) if p['compress_vote'] is not None else '-':>5}  {p['action']}"
+            )
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Engine glue (worker side): capture, heads evaluation, vLLM adapter."""

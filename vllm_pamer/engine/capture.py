@@ -1,0 +1,154 @@
+"""Worker-side capture: the final-norm state of the last prompt token, once per
+request, taken from the rows vLLM already computes for sampling.
+
+How a step flows (one worker process, one ``WorkerCapture``):
+
+1. ``vllm_adapter`` arms the capture with the runner and the step's
+   ``SchedulerOutput`` when ``execute_model`` starts, and disarms it when it
+   returns. Dummy/profile runs never go through ``execute_model`` and so never
+   capture.
+2. The capturing model's ``compute_logits`` hands its input rows to
+   ``observe``. The first call of an armed step is the sampling call; later
+   calls in the same step (prompt logprobs) find the capture disarmed.
+3. ``observe`` picks the rows of requests whose prompt prefill completes in
+   this step (``computed < prompt <= computed + scheduled``), skipping
+   requests already captured (re-prefill after preemption), evaluates the
+   five heads on them and publishes one record per request.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from vllm_pamer.channel import CAPTURE_KEY, SESSION_KEY, CapturePublisher, CaptureRecord
+from vllm_pamer.config import PamerConfig
+from vllm_pamer.core.heads import Heads, ModelFingerprint, load_heads
+
+logger = logging.getLogger("vllm_pamer.capture")
+
+
+class _TorchHeads:
+    """Heads moved to the capture device once, evaluated by the kernels package."""
+
+    def __init__(self, heads: Heads, device: torch.device) -> None:
+        self.min_votes = heads.min_votes
+        self.tensors = [
+            torch.from_numpy(getattr(heads, name)).to(device)
+            for name in ("w1", "b1", "w2", "b2", "thresholds")
+        ]
+
+    def __call__(self, rows: torch.Tensor):
+        from kernels import five_head_vote
+
+        if self.tensors[0].device != rows.device:
+            self.tensors = [t.to(rows.device) for t in self.tensors]
+        return five_head_vote(rows, *self.tensors, min_votes=self.min_votes)
+
+
+class WorkerCapture:
+    def __init__(self, config: PamerConfig, fingerprint: ModelFingerprint, device: torch.device) -> None:
+        self.enabled = config.capture
+        self.heads: _TorchHeads | None = None
+        if config.heads:
+            heads = load_heads(config.heads)
+            heads.check_model(fingerprint, config.heads)  # wrong model: start-up error
+            self.heads = _TorchHeads(heads, device)
+        self.publisher = CapturePublisher()
+        self.captured: set[str] = set()
+        self.captures_total = 0
+        self._armed: tuple[Any, Any] | None = None
+        self._warned_layout = False
+
+    # -- step bracket (called by vllm_adapter) ---------------------------------
+    def arm(self, runner: Any, scheduler_output: Any) -> None:
+        for req_id in getattr(scheduler_output, "finished_req_ids", ()) or ():
+            self.captured.discard(req_id)
+        self._armed = (runner, scheduler_output) if self.enabled else None
+
+    def disarm(self) -> None:
+        self._armed = None
+
+    # -- the capture itself ----------------------------------------------------
+    def observe(self, hidden_states: torch.Tensor) -> None:
+        armed, self._armed = self._armed, None
+        if armed is None or hidden_states is None:
+            return
+        runner, scheduler_output = armed
+        picks = self._completed_prefill_rows(runner, scheduler_output, hidden_states.shape[0])
+        if not picks:
+            return
+        rows = hidden_states[torch.tensor([row for row, _ in picks], device=hidden_states.device)]
+        logits = votes = decision = None
+        heads_error = None
+        if self.heads is not None:
+            try:
+                logits, votes, decision = (t.cpu() for t in self.heads(rows))
+            except Exception as exc:  # probe failure: reported, never fatal
+                heads_error = f"{type(exc).__name__}: {exc}"
+        states = rows.float().cpu().numpy().astype("<f4")
+        for i, (_, (req_id, key, session, n_prompt)) in enumerate(picks):
+            self.captured.add(req_id)
+            self.captures_total += 1
+            self.publisher.publish(
+                CaptureRecord(
+                    key=key,
+                    request_id=req_id,
+                    session_id=session,
+                    num_prompt_tokens=n_prompt,
+                    hidden=states[i].tobytes(),
+                    head_logits=None if logits is None else [float(v) for v in logits[i]],
+                    votes=None if votes is None else int(votes[i]),
+                    decision=None if decision is None else bool(decision[i]),
+                    heads_error=heads_error,
+                )
+            )
+
+    def _completed_prefill_rows(self, runner: Any, scheduler_output: Any, num_rows: int):
+        batch = runner.input_batch
+        spec_tokens = getattr(scheduler_output, "scheduled_spec_decode_tokens", {}) or {}
+        scheduled = scheduler_output.num_scheduled_tokens
+        picks = []
+        row = 0
+        for index, req_id in enumerate(batch.req_ids):
+            n_scheduled = scheduled.get(req_id, 0)
+            computed = int(batch.num_computed_tokens_cpu[index])
+            n_prompt = int(batch.num_prompt_tokens[index])
+            if computed < n_prompt <= computed + n_scheduled and req_id not in self.captured:
+                request = runner.requests.get(req_id)
+                params = getattr(request, "sampling_params", None)
+                extra = (getattr(params, "extra_args", None) or {}) if params else {}
+                picks.append((row, (req_id, extra.get(CAPTURE_KEY), extra.get(SESSION_KEY), n_prompt)))
+            # A request owns one row, plus one per draft token under speculative
+            # decoding; prompt-completing requests never carry drafts.
+            row += 1 + len(spec_tokens.get(req_id, ()))
+        if row != num_rows:
+            if not self._warned_layout:
+                logger.warning(
+                    "vllm-pamer: %d logits rows for %d expected; capture skipped for this step",
+                    num_rows, row,
+                )
+                self._warned_layout = True
+            return []
+        return picks
+
+
+_worker_capture: WorkerCapture | None = None
+
+
+def get_worker_capture() -> WorkerCapture | None:
+    return _worker_capture
+
+
+def init_worker_capture(vllm_config: Any, device: torch.device) -> WorkerCapture:
+    """Create this process's capture (once), loading and checking the heads."""
+    global _worker_capture
+    if _worker_capture is None:
+        model_config = vllm_config.model_config
+        fingerprint = ModelFingerprint.from_hf_config(
+            model_config.hf_config, model_name=str(model_config.served_model_name or model_config.model)
+        )
+        _worker_capture = WorkerCapture(PamerConfig.from_env(), fingerprint, device)
+    return _worker_capture

@@ -1,0 +1,1 @@
+"""Server glue (API-server process): endpoint plugin, sessions, metrics."""

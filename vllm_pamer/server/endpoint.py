@@ -1,0 +1,250 @@
+"""API-server glue: the endpoint plugin that takes over chat completions.
+
+For each ``POST /v1/chat/completions``:
+1. parse the body (malformed JSON or messages: HTTP 400),
+2. find the session (``X-Session-ID`` header or ``session_id`` field) and the
+   policy (server default, or ``X-Pamer-Policy`` / ``pamer_policy`` field),
+3. rewrite the messages (``core.pipeline``: fallbacks return them unchanged),
+4. tag the request with a capture key in ``vllm_xargs`` and hand it to vLLM's
+   own chat handler,
+5. attach the ``pamer`` report (capture, head logits, vote, action, prompt
+   tokens before and after) to the response, or to a last streamed chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from argparse import Namespace
+from typing import Any
+
+import msgspec
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import ValidationError
+from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+from vllm.entrypoints.serve.utils.api_utils import with_cancellation
+
+from vllm_pamer.channel import CAPTURE_KEY, SESSION_KEY, CaptureInbox, CaptureRecord, ensure_channel_address
+from vllm_pamer.config import PamerConfig
+from vllm_pamer.core.blocks import MalformedRequest, check_message_shape
+from vllm_pamer.core.pipeline import RewriteOutcome, rewrite_request
+from vllm_pamer.core.policies import MemoryPolicy, UnknownPolicy, create_policy, policy_class
+from vllm_pamer.core.render import render_tools_as_text, template_supports_tools
+from vllm_pamer.server import metrics
+from vllm_pamer.server.sessions import SessionRegistry
+
+logger = logging.getLogger("vllm_pamer.endpoint")
+
+SESSION_HEADER = "x-session-id"
+POLICY_HEADER = "x-pamer-policy"
+
+
+def error_response(status: int, message: str, err_type: str = "BadRequestError") -> JSONResponse:
+    return JSONResponse(
+        status_code=status,
+        content={"error": {"message": message, "type": err_type, "param": None, "code": status}},
+    )
+
+
+class PamerReport(msgspec.Struct):
+    """The ``pamer`` object of every chat completion response."""
+
+    session_id: str | None
+    policy: str
+    action: str
+    captured: bool = False
+    head_logits: list[float] | None = None
+    votes: int | None = None
+    compress_vote: bool | None = None
+    prompt_tokens_in: int | None = None
+    prompt_tokens_out: int | None = None
+    detail: str = ""
+
+    def add_capture(self, record: CaptureRecord | None) -> None:
+        self.captured = record is not None
+        if record is not None:
+            self.head_logits = record.head_logits
+            self.votes = record.votes
+            self.compress_vote = record.decision
+            if record.heads_error:
+                self.detail = (self.detail + "; " if self.detail else "") + f"heads: {record.heads_error}"
+
+
+class PamerServer:
+    """Plugin state on ``app.state.pamer``."""
+
+    def __init__(self, config: PamerConfig, engine_client: Any, args: Namespace) -> None:
+        self.config = config
+        self.engine_client = engine_client
+        self.args = args
+        self.sessions = SessionRegistry()
+        self.inbox = CaptureInbox(ensure_channel_address())
+        self.has_heads = bool(config.heads)
+        self._policies: dict[str, MemoryPolicy] = {}
+        self.default_policy = self.policy(config.policy, config.policy_options)
+        tokenizer = engine_client.renderer.get_tokenizer()
+        self.tokenizer = tokenizer
+        self.tools_as_text = not template_supports_tools(getattr(tokenizer, "chat_template", None))
+
+    def policy(self, name: str, options: dict | None = None) -> MemoryPolicy:
+        """The policy instance for ``name`` (created once; raises UnknownPolicy)."""
+        if name not in self._policies:
+            cls = policy_class(name)
+            if cls.requires_heads and not self.has_heads:
+                raise UnknownPolicy(
+                    f"policy {name!r} needs a heads file for the served model "
+                    "(--pamer-heads); none is loaded"
+                )
+            self._policies[name] = create_policy(name, options)
+        return self._policies[name]
+
+    def count_prompt_tokens(self, messages: list[dict]) -> int | None:
+        try:
+            ids = self.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+        except Exception:
+            logger.debug("token count failed", exc_info=True)
+            return None
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return len(ids)
+
+    def render(self, messages: list[dict]) -> list[dict]:
+        return render_tools_as_text(messages) if self.tools_as_text else messages
+
+
+router = APIRouter()
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(raw_request: Request):
+    server: PamerServer = raw_request.app.state.pamer
+    try:
+        body = json.loads(await raw_request.body())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return error_response(400, f"request body is not valid JSON: {exc}")
+    if not isinstance(body, dict):
+        return error_response(400, "request body must be a JSON object")
+    return await _handle_chat(body, raw_request)
+
+
+@with_cancellation
+async def _handle_chat(body: dict, raw_request: Request):
+    server: PamerServer = raw_request.app.state.pamer
+    try:
+        messages = check_message_shape(body.get("messages"))
+    except MalformedRequest as exc:
+        return error_response(400, str(exc))
+
+    session_id = raw_request.headers.get(SESSION_HEADER) or body.get("session_id")
+    if session_id is not None and not isinstance(session_id, str):
+        return error_response(400, "session_id must be a string")
+    policy_name = raw_request.headers.get(POLICY_HEADER) or body.pop("pamer_policy", None)
+    try:
+        policy = server.policy(policy_name) if policy_name else server.default_policy
+    except (UnknownPolicy, ValueError) as exc:
+        return error_response(400, str(exc))
+
+    session = server.sessions.touch(session_id) if session_id else None
+    outcome: RewriteOutcome = await rewrite_request(
+        messages, session_id, policy, session.last_vote if session else None
+    )
+    rewritten = outcome.action == "rewritten"
+    sent = server.render(outcome.messages)
+    report = PamerReport(session_id=session_id, policy=policy.name, action=outcome.action, detail=outcome.detail)
+    report.prompt_tokens_out = await asyncio.to_thread(server.count_prompt_tokens, sent)
+    report.prompt_tokens_in = (
+        await asyncio.to_thread(server.count_prompt_tokens, server.render(messages))
+        if rewritten
+        else report.prompt_tokens_out
+    )
+    metrics.REQUESTS.labels(policy.name, metrics.action_label(outcome.action)).inc()
+    if rewritten and report.prompt_tokens_in and report.prompt_tokens_out:
+        metrics.PROMPT_TOKENS_REMOVED.inc(max(0, report.prompt_tokens_in - report.prompt_tokens_out))
+
+    capture_key = uuid.uuid4().hex
+    xargs = body.get("vllm_xargs") or {}
+    if not isinstance(xargs, dict):
+        return error_response(400, "vllm_xargs must be an object")
+    body["vllm_xargs"] = {**xargs, CAPTURE_KEY: capture_key, SESSION_KEY: session_id or ""}
+    body["messages"] = sent
+    try:
+        request = ChatCompletionRequest.model_validate(body)
+    except ValidationError as exc:
+        return error_response(400, f"invalid chat completion request: {exc}")
+
+    handler = raw_request.app.state.openai_serving_chat
+    if handler is None:
+        return error_response(501, "the served model does not support chat completions", "NotImplementedError")
+    result = await handler.create_chat_completion(request, raw_request)
+
+    async def finish_report() -> dict:
+        record = await server.inbox.wait_for(capture_key, server.config.capture_wait_s)
+        report.add_capture(record)
+        if record is not None:
+            metrics.CAPTURES.inc()
+        else:
+            metrics.MISSED_CAPTURES.inc()
+        if session is not None:
+            session.requests += 1
+            session.last_action = outcome.action
+            if record is not None:
+                session.record_capture(record)
+        return msgspec.to_builtins(report)
+
+    if isinstance(result, ErrorResponse):
+        server.inbox.forget(capture_key)
+        return JSONResponse(content=result.model_dump(), status_code=result.error.code)
+    if not hasattr(result, "__aiter__"):
+        content = result.model_dump()
+        content["pamer"] = await finish_report()
+        return JSONResponse(content=content)
+
+    async def stream():
+        last_id = None
+        async for chunk in result:
+            if chunk.startswith("data: [DONE]"):
+                pamer = await finish_report()
+                final = {"id": last_id, "object": "chat.completion.chunk", "choices": [], "pamer": pamer}
+                yield f"data: {json.dumps(final)}\n\n"
+            elif last_id is None and chunk.startswith("data: {"):
+                try:
+                    last_id = json.loads(chunk[6:]).get("id")
+                except json.JSONDecodeError:
+                    pass
+            yield chunk
+
+    return StreamingResponse(stream(), media_type="text/event-stream")
+
+
+@router.get("/pamer/sessions/{session_id}")
+async def session_info(session_id: str, raw_request: Request):
+    server: PamerServer = raw_request.app.state.pamer
+    state = server.sessions.get(session_id)
+    if state is None:
+        return error_response(404, f"no session {session_id!r}", "NotFoundError")
+    return JSONResponse(content=state.summary())
+
+
+class PamerEndpointPlugin:
+    """``vllm.endpoint_plugins`` entry: routes above + state on app.state.pamer."""
+
+    name = "pamer_endpoint"
+    required_tasks = ("generate",)
+
+    def attach_router(self, app: FastAPI) -> None:
+        app.include_router(router)
+
+    async def init_state(self, engine_client: Any, state: Any, args: Namespace) -> None:
+        if engine_client is None:
+            raise RuntimeError("vllm-pamer needs an engine (the render-only server is not supported)")
+        server = PamerServer(PamerConfig.from_env(), engine_client, args)
+        server.inbox.start()
+        state.pamer = server
+        logger.info(
+            "vllm-pamer ready: policy=%s heads=%s channel=%s tools_as_text=%s",
+            server.default_policy.name, server.config.heads, server.inbox.address, server.tools_as_text,
+        )

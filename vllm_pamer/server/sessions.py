@@ -1,0 +1,71 @@
+"""Per-session state kept by the API server (in memory; bounded LRU).
+
+The vote captured at a request's prefill is filed on its session, so that the
+session's next request can act on it (deferred decision, SPEC §2).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+
+import msgspec
+import numpy as np
+
+from vllm_pamer.channel import CaptureRecord
+from vllm_pamer.core.policies import HeadVote
+
+
+class SessionState(msgspec.Struct):
+    session_id: str
+    requests: int = 0
+    captures: int = 0
+    last_vote: HeadVote | None = None
+    last_action: str | None = None
+    last_prompt_tokens: int | None = None
+    last_seen: float = 0.0
+    last_state: bytes | None = None
+    """Final-norm state of the last captured prefill (float32), for retrieval."""
+
+    def record_capture(self, record: CaptureRecord) -> None:
+        self.captures += 1
+        self.last_prompt_tokens = record.num_prompt_tokens
+        self.last_state = record.hidden
+        self.last_vote = (
+            HeadVote(tuple(record.head_logits), int(record.votes), bool(record.decision))
+            if record.head_logits is not None
+            else None
+        )
+
+    def summary(self) -> dict:
+        return {
+            "session_id": self.session_id,
+            "requests": self.requests,
+            "captures": self.captures,
+            "last_action": self.last_action,
+            "last_prompt_tokens": self.last_prompt_tokens,
+            "last_vote": None if self.last_vote is None else msgspec.to_builtins(self.last_vote),
+            "last_state_norm": None
+            if self.last_state is None
+            else float(np.linalg.norm(np.frombuffer(self.last_state, dtype="<f4"))),
+        }
+
+
+class SessionRegistry:
+    def __init__(self, max_sessions: int = 100_000) -> None:
+        self.max_sessions = max_sessions
+        self._sessions: OrderedDict[str, SessionState] = OrderedDict()
+
+    def get(self, session_id: str) -> SessionState | None:
+        return self._sessions.get(session_id)
+
+    def touch(self, session_id: str) -> SessionState:
+        state = self._sessions.pop(session_id, None) or SessionState(session_id)
+        state.last_seen = time.time()
+        self._sessions[session_id] = state
+        while len(self._sessions) > self.max_sessions:
+            self._sessions.popitem(last=False)
+        return state
+
+    def __len__(self) -> int:
+        return len(self._sessions)

@@ -1,0 +1,35 @@
+"""Recorded agent trajectories and how an agent would have replayed them."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Iterator
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+SHIPPED = {
+    "tau": "tau_airline_sample.jsonl.gz",
+    "swe": "mini_swe_sample.jsonl.gz",
+}
+
+
+def load_trajectories(path: str | Path | None = None, kind: str = "tau") -> list[dict[str, Any]]:
+    """Trajectories from a ``.jsonl[.gz]`` file, or the shipped sample of ``kind``."""
+    if path is None:
+        source = resources.files("vllm_pamer") / "data" / "trajectories" / SHIPPED[kind]
+        raw = source.read_bytes()
+    else:
+        raw = Path(path).read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    return [json.loads(line) for line in raw.decode().splitlines() if line.strip()]
+
+
+def agent_requests(messages: list[dict[str, Any]]) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+    """The requests the agent sent: for each assistant message i, the history
+    before it (``messages[:i]``). Yields (i, history)."""
+    for i, message in enumerate(messages):
+        if message.get("role") == "assistant" and i > 0:
+            yield i, messages[:i]
