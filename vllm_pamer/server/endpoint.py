@@ -41,6 +41,7 @@ logger = logging.getLogger("vllm_pamer.endpoint")
 
 SESSION_HEADER = "x-session-id"
 POLICY_HEADER = "x-pamer-policy"
+ECHO_HEADER = "x-pamer-echo"
 
 
 def error_response(status: int, message: str, err_type: str = "BadRequestError") -> JSONResponse:
@@ -63,6 +64,9 @@ class PamerReport(msgspec.Struct):
     prompt_tokens_in: int | None = None
     prompt_tokens_out: int | None = None
     detail: str = ""
+    messages_sent: list[dict] | None = None
+    """The rewritten messages, only when asked for (``X-Pamer-Echo: 1`` or
+    ``"pamer_echo": true``): what the policy sent, before tools-as-text rendering."""
 
     def add_capture(self, record: CaptureRecord | None) -> None:
         self.captured = record is not None
@@ -143,6 +147,7 @@ async def _handle_chat(body: dict, raw_request: Request):
     if session_id is not None and not isinstance(session_id, str):
         return error_response(400, "session_id must be a string")
     policy_name = raw_request.headers.get(POLICY_HEADER) or body.pop("pamer_policy", None)
+    echo = raw_request.headers.get(ECHO_HEADER, "") in ("1", "true") or bool(body.pop("pamer_echo", False))
     try:
         policy = server.policy(policy_name) if policy_name else server.default_policy
     except (UnknownPolicy, ValueError) as exc:
@@ -154,7 +159,13 @@ async def _handle_chat(body: dict, raw_request: Request):
     )
     rewritten = outcome.action == "rewritten"
     sent = server.render(outcome.messages)
-    report = PamerReport(session_id=session_id, policy=policy.name, action=outcome.action, detail=outcome.detail)
+    report = PamerReport(
+        session_id=session_id,
+        policy=policy.name,
+        action=outcome.action,
+        detail=outcome.detail,
+        messages_sent=outcome.messages if echo else None,
+    )
     report.prompt_tokens_out = await asyncio.to_thread(server.count_prompt_tokens, sent)
     report.prompt_tokens_in = (
         await asyncio.to_thread(server.count_prompt_tokens, server.render(messages))
@@ -193,7 +204,10 @@ async def _handle_chat(body: dict, raw_request: Request):
             session.last_action = outcome.action
             if record is not None:
                 session.record_capture(record)
-        return msgspec.to_builtins(report)
+        reported = msgspec.to_builtins(report)
+        if not echo:
+            reported.pop("messages_sent")
+        return reported
 
     if isinstance(result, ErrorResponse):
         server.inbox.forget(capture_key)

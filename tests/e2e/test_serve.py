@@ -1,0 +1,178 @@
+"""End to end: a real ``vllm-pamer serve`` of the embedded default model
+(started once for this module), driven through the ``openai`` client with a
+real multi-turn agent trajectory."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+import requests
+
+from vllm_pamer.core.blocks import protocol_issues
+from vllm_pamer.default_model import DEFAULT_MODEL_NAME
+from vllm_pamer.demo import ServerProcess, ensure_demo_heads
+from vllm_pamer.trajectories import agent_requests, load_trajectories
+
+pytestmark = pytest.mark.e2e
+
+TRAJECTORY = "airline-task14-trial1"  # 32 messages, fits the 8k window unrewritten
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(default_model_dir, tmp_path_factory):
+    heads = ensure_demo_heads(default_model_dir)
+    log = tmp_path_factory.mktemp("serve") / "server.log"
+    proc = ServerProcess(
+        ["--pamer-policy", "none", "--pamer-heads", str(heads), "--enforce-eager", "--max-num-seqs", "4"],
+        _free_port(),
+        log,
+    )
+    try:
+        proc.wait_ready(timeout=600, progress=False)
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def trajectory():
+    return {t["id"]: t for t in load_trajectories(kind="tau")}[TRAJECTORY]
+
+
+def _chat(client, messages, session, policy=None, **kwargs):
+    headers = {"X-Session-ID": session, "X-Pamer-Echo": "1"}
+    if policy:
+        headers["X-Pamer-Policy"] = policy
+    return client.chat.completions.create(
+        model=DEFAULT_MODEL_NAME, messages=messages, max_tokens=8, temperature=0, extra_headers=headers, **kwargs
+    )
+
+
+@pytest.fixture(scope="module")
+def replayed(client, trajectory):
+    """The trajectory replayed twice, once per policy, each in its own session."""
+    runs = {}
+    for policy in ("none", "recent_k"):
+        runs[policy] = [
+            (history, _chat(client, history, f"e2e-{policy}", policy))
+            for _, history in agent_requests(trajectory["messages"])
+        ]
+    return runs
+
+
+def test_every_response_reports_capture_and_five_logits(replayed):
+    for policy, steps in replayed.items():
+        assert len(steps) >= 10
+        for history, response in steps:
+            report = response.model_extra["pamer"]
+            assert report["policy"] == policy and report["session_id"] == f"e2e-{policy}"
+            assert report["captured"] is True
+            assert len(report["head_logits"]) == 5 and all(isinstance(v, float) for v in report["head_logits"])
+            assert report["votes"] == sum(v > 0 for v in report["head_logits"])  # random heads: thresholds 0
+            assert report["compress_vote"] == (report["votes"] >= 3)
+            # our count of what was sent is the engine's own count
+            assert report["prompt_tokens_out"] == response.usage.prompt_tokens
+
+
+def test_none_sends_history_unchanged(replayed):
+    for history, response in replayed["none"]:
+        report = response.model_extra["pamer"]
+        assert report["action"] == "none"
+        assert report["messages_sent"] == history
+        assert report["prompt_tokens_in"] == report["prompt_tokens_out"]
+
+
+def test_recent_k_lowers_prompt_tokens_and_keeps_tool_pairs(replayed):
+    none_tokens = [r.model_extra["pamer"]["prompt_tokens_out"] for _, r in replayed["none"]]
+    rewritten = 0
+    for (history, response), baseline in zip(replayed["recent_k"], none_tokens):
+        report = response.model_extra["pamer"]
+        sent = report["messages_sent"]
+        assert report["prompt_tokens_in"] == baseline
+        assert protocol_issues(sent) == []
+        # every tool result still directly follows the block of its call
+        for i, message in enumerate(sent):
+            if message["role"] == "tool":
+                opener = next(m for m in reversed(sent[:i]) if m["role"] == "assistant")
+                assert message["tool_call_id"] in {c["id"] for c in opener.get("tool_calls") or []}
+        if report["action"] == "rewritten":
+            rewritten += 1
+            assert report["prompt_tokens_out"] < report["prompt_tokens_in"]
+            assert sent[:2] == history[:2]  # system prompt and task kept
+            assert sent[-1] == history[-1]
+    assert rewritten >= len(none_tokens) // 2
+
+
+def test_session_endpoint_holds_last_vote(client, replayed, server):
+    state = requests.get(f"{server.base_url}/pamer/sessions/e2e-none", timeout=10).json()
+    assert state["captures"] == state["requests"] == len(replayed["none"])
+    last = replayed["none"][-1][1].model_extra["pamer"]
+    assert state["last_vote"]["logits"] == pytest.approx(last["head_logits"])
+    assert requests.get(f"{server.base_url}/pamer/sessions/nope", timeout=10).status_code == 404
+
+
+def test_streaming_last_chunk_carries_report(client, trajectory):
+    history = next(h for i, h in agent_requests(trajectory["messages"]) if len(h) > 6)
+    stream = _chat(client, history, "e2e-stream", "recent_k", stream=True)
+    chunks = list(stream)
+    report = chunks[-1].model_extra["pamer"]
+    assert report["captured"] is True and len(report["head_logits"]) == 5
+    assert report["action"] == "rewritten"
+    assert any(c.choices and c.choices[0].delta.content for c in chunks[:-1])
+
+
+def test_request_without_session_is_served_unchanged(client, trajectory):
+    history = trajectory["messages"][:6]
+    response = client.chat.completions.create(
+        model=DEFAULT_MODEL_NAME, messages=history, max_tokens=4, temperature=0,
+        extra_headers={"X-Pamer-Policy": "recent_k", "X-Pamer-Echo": "1"},
+    )
+    report = response.model_extra["pamer"]
+    assert report["action"] == "fallback:missing_session_id"
+    assert report["messages_sent"] == history
+
+
+def test_orphan_tool_result_falls_back_unchanged(client, trajectory):
+    history = trajectory["messages"][:2] + [{"role": "tool", "tool_call_id": "nope", "content": "stray"}]
+    report = _chat(client, history, "e2e-orphan", "recent_k").model_extra["pamer"]
+    assert report["action"] == "fallback:unsafe_tool_protocol"
+    assert report["messages_sent"] == history
+
+
+@pytest.mark.parametrize(
+    "body, needle",
+    [
+        ("{not json", "not valid JSON"),
+        (json.dumps({"model": DEFAULT_MODEL_NAME, "messages": []}), "non-empty list"),
+        (json.dumps({"model": DEFAULT_MODEL_NAME, "messages": [{"role": "robot", "content": "x"}]}), "robot"),
+        (json.dumps({"model": DEFAULT_MODEL_NAME, "messages": [{"role": "user", "content": "x"}], "pamer_policy": "nope"}), "unknown memory policy"),
+        (json.dumps({"model": DEFAULT_MODEL_NAME, "messages": [{"role": "user", "content": "x"}], "max_tokens": "many"}), "max_tokens"),
+    ],
+)
+def test_malformed_requests_get_clear_400(server, body, needle):
+    response = requests.post(
+        f"{server.base_url}/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}, timeout=30
+    )
+    assert response.status_code == 400
+    assert needle in response.json()["error"]["message"]
+
+
+def test_metrics_count_requests_by_action(server, replayed):
+    text = requests.get(f"{server.base_url}/metrics", timeout=10).text
+    assert 'vllm_pamer_requests_total{action="rewritten",policy="recent_k"}' in text
+    assert "vllm_pamer_captures_total" in text

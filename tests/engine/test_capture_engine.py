@@ -1,0 +1,146 @@
+"""Capture on a real vLLM engine (offline ``LLM``) with tiny random models:
+the captured row is the final-norm state of the last prompt token (compared
+to HF transformers), exactly once per request, also when the prompt is split
+over several prefill chunks or asks for prompt logprobs."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+
+import msgspec
+import numpy as np
+import pytest
+import torch
+
+from tests.engine.tiny_models import build_tiny_model, hf_last_token_states
+from vllm_pamer.channel import CAPTURE_KEY, CHANNEL_ENV, CaptureRecord
+from vllm_pamer.core.heads import ModelFingerprint, load_heads, random_heads, save_heads
+from kernels import five_head_vote_reference
+
+pytestmark = pytest.mark.engine
+
+CHUNK = 64  # prefill token budget per step: prompts above it are chunked
+
+
+class Collector:
+    """PULL end of the capture channel, bound in the test process."""
+
+    def __init__(self, address: str) -> None:
+        import zmq
+
+        self.socket = zmq.Context.instance().socket(zmq.PULL)
+        self.socket.bind(address)
+        self.decoder = msgspec.msgpack.Decoder(CaptureRecord)
+
+    def drain(self, expect: int, timeout: float = 10.0) -> list[CaptureRecord]:
+        records, deadline = [], time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.socket.poll(100):
+                records.append(self.decoder.decode(self.socket.recv()))
+            elif len(records) >= expect:
+                break
+        return records
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory, tokenizer_dir):
+    from transformers import AutoConfig
+    from vllm import LLM
+
+    root = tmp_path_factory.mktemp("tiny-llama")
+    model_dir = build_tiny_model("llama", root / "model", tokenizer_dir)
+    heads_path = root / "heads.safetensors"
+    fingerprint = ModelFingerprint.from_hf_config(AutoConfig.from_pretrained(model_dir), "tiny-llama")
+    save_heads(random_heads(fingerprint, seed=1), heads_path)
+    address = f"ipc://{root}/capture.sock"
+    collector = Collector(address)
+    saved = {k: os.environ.get(k) for k in (CHANNEL_ENV, "PAMER_HEADS")}
+    os.environ[CHANNEL_ENV] = address
+    os.environ["PAMER_HEADS"] = str(heads_path)
+    llm = LLM(
+        model=str(model_dir),
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=1024,
+        max_num_batched_tokens=CHUNK,
+        max_num_seqs=8,
+        enable_chunked_prefill=True,
+        gpu_memory_utilization=0.15,
+        seed=0,
+    )
+    yield llm, collector, model_dir, load_heads(heads_path)
+    llm.llm_engine.engine_core.shutdown()  # now, not at interpreter exit
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+def _prompts(vocab: int, lengths: list[int], seed: int) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(100, vocab - 1, size=n).tolist() for n in lengths]
+
+
+def _generate(llm, prompts, **params):
+    from vllm import SamplingParams, TokensPrompt
+
+    keys = [uuid.uuid4().hex for _ in prompts]
+    sampling = [
+        SamplingParams(max_tokens=4, temperature=0.0, extra_args={CAPTURE_KEY: key}, **params) for key in keys
+    ]
+    llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sampling, use_tqdm=False)
+    return keys
+
+
+def test_one_capture_per_request_matching_hf(tiny_llama):
+    llm, collector, model_dir, heads = tiny_llama
+    # short prompts, one exactly at the chunk budget, and long ones split over 2-5 chunks
+    lengths = [5, 17, CHUNK, CHUNK + 1, 150, 300]
+    prompts = _prompts(heads.fingerprint.vocab_size, lengths, seed=0)
+    keys = _generate(llm, prompts)
+    records = collector.drain(expect=len(prompts))
+
+    by_key = {}
+    for record in records:
+        assert record.key not in by_key, "a request was captured twice"
+        by_key[record.key] = record
+    assert set(by_key) == set(keys), "every request is captured exactly once, decode steps never"
+
+    reference = hf_last_token_states(model_dir, prompts)
+    for key, prompt, expected in zip(keys, prompts, reference):
+        record = by_key[key]
+        assert record.num_prompt_tokens == len(prompt)
+        state = torch.from_numpy(record.hidden_state().copy())
+        cosine = torch.nn.functional.cosine_similarity(state, expected, dim=0).item()
+        assert cosine >= 0.999, f"prompt of {len(prompt)} tokens: cosine {cosine:.5f}"
+        # the heads ran on that state in the worker
+        tensors = [torch.from_numpy(getattr(heads, n)) for n in ("w1", "b1", "w2", "b2", "thresholds")]
+        logits, votes, decision = five_head_vote_reference(state[None], *tensors, min_votes=heads.min_votes)
+        assert np.allclose(record.head_logits, logits[0].numpy(), atol=1e-3)
+        margin = (logits[0] - tensors[4]).abs().min().item()
+        if margin > 1e-3:
+            assert record.votes == int(votes[0]) and record.decision == bool(decision[0])
+
+
+def test_prompt_logprobs_request_still_captured_once(tiny_llama):
+    llm, collector, _, heads = tiny_llama
+    prompts = _prompts(heads.fingerprint.vocab_size, [40, CHUNK + 30], seed=1)
+    keys = _generate(llm, prompts, prompt_logprobs=1)
+    records = collector.drain(expect=len(prompts))
+    assert sorted(r.key for r in records) == sorted(keys)
+
+
+def test_prefix_cache_hit_still_captured(tiny_llama):
+    """A resent history mostly served from the prefix cache still completes its
+    prefill in the engine and is captured, with the same state."""
+    llm, collector, _, heads = tiny_llama
+    prompt = _prompts(heads.fingerprint.vocab_size, [200], seed=2)[0]
+    first = _generate(llm, [prompt])
+    second = _generate(llm, [prompt])
+    records = {r.key: r for r in collector.drain(expect=2)}
+    assert set(records) == {first[0], second[0]}
+    a, b = (records[first[0]].hidden_state(), records[second[0]].hidden_state())
+    assert np.allclose(a, b, atol=1e-4)
