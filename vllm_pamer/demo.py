@@ -119,12 +119,16 @@ def main(argv: list[str] | None = None) -> None:
     print(f"model: {model_dir}\nheads: {heads} (UNTRAINED random heads: logits are real, meaning is not)")
     print(f"policy: {args.policy}; trajectory {trajectory['id']} ({len(trajectory['messages'])} messages); log: {log_path}")
 
-    server = ServerProcess(["--pamer-policy", args.policy, "--pamer-heads", str(heads)], args.port, log_path)
+    # --enforce-eager: torch.compile of the model costs over a minute on two
+    # cores at first start and buys little for a 135M model.
+    serve_args = ["--pamer-policy", args.policy, "--pamer-heads", str(heads), "--enforce-eager"]
+    server = ServerProcess(serve_args, args.port, log_path)
     try:
         server.wait_ready()
         header = f"{'step':>4} {'msgs':>4} {'tok in':>6} {'tok out':>7} {'capt':>4}  {'head logits':<37} {'votes':>5} {'vote':>5}  action"
         print(header)
         print("-" * len(header))
+        total_in = total_out = captured = steps = 0
         for step, n_messages, response in replay(
             server.base_url, DEFAULT_MODEL_NAME, trajectory, f"demo-{trajectory['id']}", args.max_steps, args.max_tokens
         ):
@@ -135,6 +139,15 @@ def main(argv: list[str] | None = None) -> None:
                 f"{p['votes'] if p['votes'] is not None else '-':>5} "
                 f"{str(p['compress_vote']) if p['compress_vote'] is not None else '-':>5}  {p['action']}"
             )
+            total_in += p["prompt_tokens_in"] or 0
+            total_out += p["prompt_tokens_out"] or 0
+            captured += bool(p["captured"])
+            steps += 1
+        print("-" * len(header))
+        print(
+            f"{steps} requests, {captured} states captured; prompt tokens {total_in} -> {total_out} "
+            f"({100.0 * total_out / max(total_in, 1):.0f}% sent) with policy {args.policy}"
+        )
     finally:
         server.stop()
 

@@ -44,39 +44,47 @@ class Collector:
         return records
 
 
-@pytest.fixture(scope="session")
-def tiny_llama(tmp_path_factory, tokenizer_dir):
+def start_tiny_engine(kind: str, root, tokenizer_dir):
+    """A real vLLM engine on a tiny random ``kind`` model, with random heads and
+    a capture collector bound in this process."""
     from transformers import AutoConfig
     from vllm import LLM
 
-    root = tmp_path_factory.mktemp("tiny-llama")
-    model_dir = build_tiny_model("llama", root / "model", tokenizer_dir)
+    model_dir = build_tiny_model(kind, root / "model", tokenizer_dir)
     heads_path = root / "heads.safetensors"
-    fingerprint = ModelFingerprint.from_hf_config(AutoConfig.from_pretrained(model_dir), "tiny-llama")
+    fingerprint = ModelFingerprint.from_hf_config(AutoConfig.from_pretrained(model_dir), f"tiny-{kind}")
     save_heads(random_heads(fingerprint, seed=1), heads_path)
     address = f"ipc://{root}/capture.sock"
     collector = Collector(address)
     saved = {k: os.environ.get(k) for k in (CHANNEL_ENV, "PAMER_HEADS")}
-    os.environ[CHANNEL_ENV] = address
+    os.environ[CHANNEL_ENV] = address  # inherited by the engine's processes
     os.environ["PAMER_HEADS"] = str(heads_path)
-    llm = LLM(
-        model=str(model_dir),
-        dtype="float32",
-        enforce_eager=True,
-        max_model_len=1024,
-        max_num_batched_tokens=CHUNK,
-        max_num_seqs=8,
-        enable_chunked_prefill=True,
-        gpu_memory_utilization=0.15,
-        seed=0,
-    )
-    yield llm, collector, model_dir, load_heads(heads_path)
-    llm.llm_engine.engine_core.shutdown()  # now, not at interpreter exit
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    try:
+        llm = LLM(
+            model=str(model_dir),
+            dtype="float32",
+            enforce_eager=True,
+            max_model_len=1024,
+            max_num_batched_tokens=CHUNK,
+            max_num_seqs=8,
+            enable_chunked_prefill=True,
+            gpu_memory_utilization=0.15,
+            seed=0,
+        )
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    return llm, collector, model_dir, load_heads(heads_path)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory, tokenizer_dir):
+    engine = start_tiny_engine("llama", tmp_path_factory.mktemp("tiny-llama"), tokenizer_dir)
+    yield engine
+    engine[0].llm_engine.engine_core.shutdown()  # now, not at interpreter exit
 
 
 def _prompts(vocab: int, lengths: list[int], seed: int) -> list[list[int]]:
@@ -144,3 +152,26 @@ def test_prefix_cache_hit_still_captured(tiny_llama):
     assert set(records) == {first[0], second[0]}
     a, b = (records[first[0]].hidden_state(), records[second[0]].hidden_state())
     assert np.allclose(a, b, atol=1e-4)
+
+
+def _check_states(records, keys, prompts, model_dir):
+    by_key = {r.key: r for r in records}
+    assert len(by_key) == len(records) and set(by_key) == set(keys)
+    reference = hf_last_token_states(model_dir, prompts)
+    for key, prompt, expected in zip(keys, prompts, reference):
+        state = torch.from_numpy(by_key[key].hidden_state().copy())
+        cosine = torch.nn.functional.cosine_similarity(state, expected, dim=0).item()
+        assert cosine >= 0.999, f"prompt of {len(prompt)} tokens: cosine {cosine:.5f}"
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
+def test_qwen_architectures_capture(kind, tmp_path, tokenizer_dir):
+    llm, collector, model_dir, heads = start_tiny_engine(kind, tmp_path, tokenizer_dir)
+    try:
+        prompts = _prompts(heads.fingerprint.vocab_size, [9, CHUNK + 40, 3 * CHUNK + 5], seed=3)
+        keys = _generate(llm, prompts)
+        records = collector.drain(expect=len(prompts))
+        _check_states(records, keys, prompts, model_dir)
+        assert all(r.head_logits is not None and len(r.head_logits) == 5 for r in records)
+    finally:
+        llm.llm_engine.engine_core.shutdown()
