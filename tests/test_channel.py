@@ -1,0 +1,167 @@
+"""Capture channel: CapturePublisher (PUSH) -> CaptureInbox (PULL), in one process."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+import time
+
+import msgspec
+import numpy as np
+import pytest
+import zmq
+
+from vllm_pamer.channel import CHANNEL_ENV, CaptureInbox, CapturePublisher, CaptureRecord
+
+
+@pytest.fixture
+def address(tmp_path):
+    """A fresh ipc:// address (unix socket paths are limited to ~107 bytes)."""
+    path = tmp_path / "c.sock"
+    if len(str(path)) < 100:
+        yield f"ipc://{path}"
+        return
+    short = tempfile.mkdtemp(prefix="pamer-")
+    try:
+        yield f"ipc://{short}/c.sock"
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+
+
+@pytest.fixture
+def publishers():
+    made: list[CapturePublisher] = []
+
+    def make(address):
+        publisher = CapturePublisher(address)
+        made.append(publisher)
+        return publisher
+
+    yield make
+    for publisher in made:
+        if publisher._socket is not None:
+            publisher._socket.close()
+
+
+def _record(i: int) -> CaptureRecord:
+    hidden = (np.arange(16, dtype=np.float32) * (i + 1) - 3.5).astype("<f4")
+    return CaptureRecord(
+        key=f"k{i}",
+        request_id=f"req-{i}",
+        session_id=None if i == 1 else f"sess-{i}",
+        num_prompt_tokens=100 + i,
+        hidden=hidden.tobytes(),
+        head_logits=[0.5 * i, -1.25, 3.0, 0.0, -0.125] if i != 2 else None,
+        votes=i,
+        decision=i % 2 == 0,
+        heads_error="no heads" if i == 2 else None,
+    )
+
+
+async def _until(condition, timeout: float = 2.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.005)
+
+
+def test_publisher_to_inbox(address, publishers):
+    records = [_record(i) for i in range(3)]
+
+    async def scenario():
+        inbox = CaptureInbox(address)
+        inbox.start()
+        try:
+            publisher = publishers(address)
+            # k0 arrives before anybody waits for it
+            publisher.publish(records[0])
+            await _until(lambda: inbox.received == 1)
+            early = await asyncio.wait_for(inbox.wait_for("k0", timeout=0.2), 0.1)  # no waiting needed
+
+            # k1, k2: waiters first, then the records
+            waiters = [asyncio.ensure_future(inbox.wait_for(f"k{i}", timeout=2.0)) for i in (1, 2)]
+            await asyncio.sleep(0.01)
+            publisher.publish(records[2])
+            publisher.publish(records[1])
+            late = await asyncio.gather(*waiters)
+
+            start = time.monotonic()
+            missing = await inbox.wait_for("unknown", timeout=0.2)
+            waited = time.monotonic() - start
+            again = await inbox.wait_for("k0", timeout=0.05)  # handed out once only
+            return early, late, missing, waited, again, inbox.received, publisher.dropped
+        finally:
+            inbox.close()
+
+    early, late, missing, waited, again, received, dropped = asyncio.run(scenario())
+    for got, want in zip([early, *late], records):
+        assert got == want
+        assert got.hidden_state().dtype == np.float32
+        np.testing.assert_array_equal(got.hidden_state(), np.frombuffer(want.hidden, dtype="<f4"))
+        np.testing.assert_array_equal(got.hidden_state(), (np.arange(16) * (int(want.key[1:]) + 1) - 3.5))
+    assert missing is None
+    assert 0.19 <= waited < 1.0
+    assert again is None
+    assert received == 3
+    assert dropped == 0
+
+
+def test_inbox_skips_undecodable_payloads_and_keyless_records(address):
+    async def scenario():
+        inbox = CaptureInbox(address)
+        inbox.start()
+        # one socket, so the payloads arrive in the order sent
+        raw = zmq.Context.instance().socket(zmq.PUSH)
+        raw.setsockopt(zmq.LINGER, 0)
+        raw.connect(address)
+        try:
+            raw.send(b"\x00not msgpack")
+            raw.send(msgspec.msgpack.encode(42))  # msgpack, but not a record
+            raw.send(msgspec.msgpack.encode(msgspec.structs.replace(_record(5), key=None)))
+            raw.send(msgspec.msgpack.encode(_record(6)))
+            got = await inbox.wait_for("k6", timeout=2.0)
+            return got, inbox.received, dict(inbox._records)
+        finally:
+            raw.close()
+            inbox.close()
+
+    got, received, pending = asyncio.run(scenario())
+    assert got == _record(6)  # the receive loop survived the bad payloads
+    assert received == 2  # the keyless record counts, the undecodable ones do not
+    assert pending == {}  # the keyless record is not filed
+
+
+def test_inbox_keeps_a_bounded_number_of_unclaimed_records(address, publishers):
+    async def scenario():
+        inbox = CaptureInbox(address, max_pending=2)
+        inbox.start()
+        try:
+            publisher = publishers(address)
+            for i in range(3):
+                publisher.publish(_record(i))
+            await _until(lambda: inbox.received == 3)
+            return [await inbox.wait_for(f"k{i}", timeout=0.05) for i in range(3)]
+        finally:
+            inbox.close()
+
+    oldest, k1, k2 = asyncio.run(scenario())
+    assert oldest is None  # evicted
+    assert k1 == _record(1) and k2 == _record(2)
+
+
+def test_publisher_without_address_drops_and_counts(monkeypatch):
+    monkeypatch.delenv(CHANNEL_ENV, raising=False)
+    publisher = CapturePublisher(None)
+    assert publisher.address is None
+    for i in range(3):
+        publisher.publish(_record(i))  # must not raise
+    assert publisher.dropped == 3
+
+
+def test_publisher_takes_the_address_from_the_environment(monkeypatch, address, publishers):
+    monkeypatch.setenv(CHANNEL_ENV, address)
+    publisher = publishers(None)
+    assert publisher.address == address
+    assert publisher._socket is not None

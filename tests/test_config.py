@@ -1,0 +1,81 @@
+"""PamerConfig through environment variables."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from vllm_pamer.config import ENV_PREFIX, PamerConfig
+
+
+def test_round_trip_through_env():
+    config = PamerConfig(
+        policy="recent_k",
+        policy_options={"k": 3, "nested": {"a": [1, 2.5, None, "x"]}},
+        heads="/models/heads.safetensors",
+        capture=False,
+        capture_wait_s=0.25,
+    )
+    env = config.to_env()
+    assert all(key.startswith(ENV_PREFIX) and isinstance(value, str) for key, value in env.items())
+    assert env["PAMER_CAPTURE"] == "0"
+    assert PamerConfig.from_env(env) == config
+
+
+def test_defaults_from_an_empty_env():
+    config = PamerConfig.from_env({})
+    assert config == PamerConfig()
+    assert (config.policy, config.policy_options, config.heads, config.capture) == ("none", {}, None, True)
+    assert "PAMER_HEADS" not in PamerConfig().to_env()  # None is not written
+    assert PamerConfig.from_env(PamerConfig().to_env()) == PamerConfig()
+
+
+def test_empty_values_mean_default():
+    assert PamerConfig.from_env({"PAMER_POLICY": "", "PAMER_HEADS": ""}) == PamerConfig()
+
+
+def test_from_env_reads_the_given_mapping_not_os_environ(monkeypatch):
+    monkeypatch.setenv("PAMER_POLICY", "recent_k")
+    assert PamerConfig.from_env({}).policy == "none"
+    assert PamerConfig.from_env().policy == "recent_k"
+
+
+@pytest.mark.parametrize("raw, expected", [("0", False), ("false", False), ("No", False), ("OFF", False), ("1", True), ("yes", True), ("true", True)])
+def test_capture_flag(raw, expected):
+    assert PamerConfig.from_env({"PAMER_CAPTURE": raw}).capture is expected
+
+
+@pytest.mark.parametrize("raw", ["{k: 3}", "{'k': 3}", "not json", '{"k": 3'])
+def test_bad_policy_options_json(raw):
+    with pytest.raises(ValueError, match="PAMER_POLICY_OPTIONS"):
+        PamerConfig.from_env({"PAMER_POLICY_OPTIONS": raw})
+
+
+@pytest.mark.parametrize(
+    "env",
+    [{"PAMER_POLICY_OPTIONS": "[1, 2]"}, {"PAMER_CAPTURE_WAIT_S": "soon"}],
+    ids=["options-not-an-object", "wait-not-a-number"],
+)
+def test_bad_values_raise_value_error(env):
+    with pytest.raises(ValueError):
+        PamerConfig.from_env(env)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(10**6), 10**6) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@given(
+    policy=st.text(min_size=1, max_size=12).filter(lambda s: "\x00" not in s),
+    options=st.dictionaries(st.text(max_size=6), json_values, max_size=4),
+    heads=st.none() | st.text(min_size=1, max_size=20).filter(lambda s: "\x00" not in s),
+    capture=st.booleans(),
+    wait=st.floats(min_value=0, max_value=1e6, allow_nan=False),
+)
+def test_round_trip_property(policy, options, heads, capture, wait):
+    config = PamerConfig(policy=policy, policy_options=options, heads=heads, capture=capture, capture_wait_s=wait)
+    assert PamerConfig.from_env(config.to_env()) == config
