@@ -114,13 +114,22 @@ def cmd_make_heads(argv: list[str]) -> None:
     parser.add_argument("--model", default=None, help="model directory (default: the embedded model)")
     parser.add_argument("--out", required=True)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--constant-logit", type=float, default=None,
+        help="heads that ignore the state and always output this logit (e.g. 10 forces 'compress', -10 'keep'); for tests",
+    )
     args = parser.parse_args(argv)
-    from vllm_pamer.core.heads import random_heads, save_heads
+    from vllm_pamer.core.heads import constant_heads, random_heads, save_heads
     from vllm_pamer.default_model import ensure_default_model
 
     model = args.model or str(ensure_default_model())
-    save_heads(random_heads(_model_fingerprint(model), seed=args.seed), args.out)
-    print(f"wrote untrained random heads for {model} to {args.out}")
+    fingerprint = _model_fingerprint(model)
+    if args.constant_logit is None:
+        save_heads(random_heads(fingerprint, seed=args.seed), args.out)
+        print(f"wrote untrained random heads for {model} to {args.out}")
+    else:
+        save_heads(constant_heads(fingerprint, args.constant_logit), args.out)
+        print(f"wrote constant-logit ({args.constant_logit}) heads for {model} to {args.out}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -27,6 +27,9 @@ class PamerConfig(msgspec.Struct, frozen=True, kw_only=True):
     capture_wait_s: float = 2.0
     """How long a finished response waits for its capture record before it is
     reported as not captured (``PAMER_CAPTURE_WAIT_S``)."""
+    store: str | None = None
+    """SQLite file of the session memories (``PAMER_STORE``; default
+    ``<PAMER_CACHE>/memory.sqlite3``)."""
     capture: bool = True
     """Capture the final state at every completed prefill (``PAMER_CAPTURE``)."""
 

@@ -175,3 +175,13 @@ def random_heads(fingerprint: ModelFingerprint, seed: int = 0) -> Heads:
         fingerprint=fingerprint,
         trained=False,
     )
+
+
+def constant_heads(fingerprint: ModelFingerprint, logit: float) -> Heads:
+    """Heads whose logits are ``logit`` whatever the state (w2 = 0, b2 = logit):
+    a positive value forces the compress vote, a negative one forbids it. For
+    tests and controlled experiments."""
+    heads = random_heads(fingerprint, seed=0)
+    heads.w2 = np.zeros_like(heads.w2)
+    heads.b2 = np.full(NUM_HEADS, logit, dtype=np.float32)
+    return heads

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 
@@ -38,6 +39,7 @@ async def rewrite_request(
     session_id: str | None,
     policy: MemoryPolicy,
     previous_vote: HeadVote | None = None,
+    memory: Any = None,
 ) -> RewriteOutcome:
     if not session_id:
         return _fallback(messages, "missing_session_id")
@@ -45,7 +47,7 @@ async def rewrite_request(
     if issues:
         first = issues[0]
         return _fallback(messages, "unsafe_tool_protocol", f"{first.rule} at message {first.index}: {first.detail}")
-    request = PolicyRequest(session_id, split_conversation(messages), previous_vote)
+    request = PolicyRequest(session_id, split_conversation(messages), previous_vote, memory)
     try:
         decision: PolicyDecision = await policy.rewrite(request)
     except Exception as exc:  # a failed memory operation never removes history

@@ -33,7 +33,11 @@ from vllm_pamer.config import PamerConfig
 from vllm_pamer.core.blocks import MalformedRequest, check_message_shape
 from vllm_pamer.core.pipeline import RewriteOutcome, rewrite_request
 from vllm_pamer.core.policies import MemoryPolicy, UnknownPolicy, create_policy, policy_class
+from vllm_pamer.core.memory_store import MemoryStore
+from vllm_pamer.core.policies.pamer import PamerContext
 from vllm_pamer.core.render import render_tools_as_text, template_supports_tools
+from vllm_pamer.default_model import cache_root
+from vllm_pamer.server.engine_services import EngineServices
 from vllm_pamer.server import metrics
 from vllm_pamer.server.sessions import SessionRegistry
 
@@ -42,6 +46,7 @@ logger = logging.getLogger("vllm_pamer.endpoint")
 SESSION_HEADER = "x-session-id"
 POLICY_HEADER = "x-pamer-policy"
 ECHO_HEADER = "x-pamer-echo"
+REWRITING_ACTIONS = ("rewritten", "compressed", "recalled")
 
 
 def error_response(status: int, message: str, err_type: str = "BadRequestError") -> JSONResponse:
@@ -93,6 +98,11 @@ class PamerServer:
         tokenizer = engine_client.renderer.get_tokenizer()
         self.tokenizer = tokenizer
         self.tools_as_text = not template_supports_tools(getattr(tokenizer, "chat_template", None))
+        model_config = engine_client.model_config
+        store_path = config.store or str(cache_root() / "memory.sqlite3")
+        self.store = MemoryStore(store_path, model_fingerprint=str(model_config.served_model_name or model_config.model))
+        self.services = EngineServices(engine_client, tokenizer, self.inbox, model_config.max_model_len)
+        self.memory = PamerContext(self.store, self.services)
 
     def policy(self, name: str, options: dict | None = None) -> MemoryPolicy:
         """The policy instance for ``name`` (created once; raises UnknownPolicy)."""
@@ -155,9 +165,9 @@ async def _handle_chat(body: dict, raw_request: Request):
 
     session = server.sessions.touch(session_id) if session_id else None
     outcome: RewriteOutcome = await rewrite_request(
-        messages, session_id, policy, session.last_vote if session else None
+        messages, session_id, policy, session.last_vote if session else None, server.memory
     )
-    rewritten = outcome.action == "rewritten"
+    rewritten = outcome.action in REWRITING_ACTIONS
     sent = server.render(outcome.messages)
     report = PamerReport(
         session_id=session_id,
@@ -238,9 +248,13 @@ async def _handle_chat(body: dict, raw_request: Request):
 async def session_info(session_id: str, raw_request: Request):
     server: PamerServer = raw_request.app.state.pamer
     state = server.sessions.get(session_id)
-    if state is None:
+    loaded = await asyncio.to_thread(server.store.load, session_id)
+    if state is None and not loaded.memories:
         return error_response(404, f"no session {session_id!r}", "NotFoundError")
-    return JSONResponse(content=state.summary())
+    content = state.summary() if state is not None else {"session_id": session_id}
+    content["memories"] = [m.public() for m in loaded.memories]
+    content["events"] = await asyncio.to_thread(server.store.events, session_id)
+    return JSONResponse(content=content)
 
 
 class PamerEndpointPlugin:

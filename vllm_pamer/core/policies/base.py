@@ -31,6 +31,8 @@ class PolicyRequest(msgspec.Struct, frozen=True):
     conversation: Conversation
     previous_vote: HeadVote | None = None
     """Vote captured at this session's previous request (the pre-action state)."""
+    memory: Any = None
+    """Memory store and engine services, for policies that keep memories."""
 
 
 class PolicyDecision(msgspec.Struct, frozen=True):

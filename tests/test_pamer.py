@@ -1,0 +1,189 @@
+"""The PaMER controller (paper Algorithm 1) on a real SQLite store, with engine
+services replaced by a small deterministic stand-in so that every fallback rule
+can be injected as a real fault. The real engine path is tested end to end in
+tests/e2e/test_pamer_serve.py."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import sqlite3
+
+import numpy as np
+import pytest
+
+from vllm_pamer.core.blocks import protocol_issues, split_conversation
+from vllm_pamer.core.memory_store import MemoryStore
+from vllm_pamer.core.pipeline import rewrite_request
+from vllm_pamer.core.policies import HeadVote, create_policy
+from vllm_pamer.core.policies.pamer import MEMORY_HEADER, PamerContext
+
+COMPRESS = HeadVote((5.0,) * 5, 5, True)
+KEEP = HeadVote((-5.0,) * 5, 0, False)
+
+
+class Services:
+    """Deterministic services: bag-of-words embeddings, 4 characters a token."""
+
+    embedder_name = "bag-of-words"
+
+    def __init__(self, summary_error=None, embed_error=None, summary_delay=0.0):
+        self.summary_error, self.embed_error, self.summary_delay = summary_error, embed_error, summary_delay
+        self.summaries = 0
+
+    async def summarize(self, source, max_tokens):
+        await asyncio.sleep(self.summary_delay)
+        if self.summary_error:
+            raise self.summary_error
+        self.summaries += 1
+        return "SUMMARY " + " ".join(sorted(set(w for w in source.split() if w.startswith("ID"))))
+
+    async def embed(self, text):
+        if self.embed_error:
+            raise self.embed_error
+        vector = np.zeros(64, dtype=np.float32)
+        for word in text.split():
+            vector[int(hashlib.md5(word.encode()).hexdigest(), 16) % 64] += 1
+        return vector
+
+    def count_tokens(self, messages):
+        return sum(len(str(m.get("content") or "")) + len(str(m.get("tool_calls") or "")) for m in messages) // 4
+
+
+def conversation(n_blocks: int, chars: int = 900) -> list[dict]:
+    messages = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Task: fix ID-task"}]
+    for i in range(n_blocks):
+        call = {"id": f"c{i}", "type": "function", "function": {"name": "lookup", "arguments": f'{{"k": "ID{i}"}}'}}
+        messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        messages.append({"role": "tool", "tool_call_id": f"c{i}", "content": f"ID{i} " + "x" * chars})
+    return messages
+
+
+def run(messages, store, services, vote, session="s1", **options):
+    policy = create_policy("pamer", options)
+    return asyncio.run(rewrite_request(messages, session, policy, vote, PamerContext(store, services)))
+
+
+@pytest.fixture
+def store(tmp_path):
+    return MemoryStore(tmp_path / "memory.sqlite3", model_fingerprint="test")
+
+
+def test_compression_commits_then_sends_prefix_and_recent(store):
+    messages = conversation(8)
+    outcome = run(messages, store, Services(), COMPRESS)
+    assert outcome.action == "compressed"
+    blocks = split_conversation(messages).blocks
+    assert outcome.messages == messages[:2] + list(blocks[-2].messages) + list(blocks[-1].messages)
+    [memory] = store.load("s1").memories
+    assert set(memory.covered_block_ids) == {b.block_id for b in blocks[:-2]}
+    assert "ID0" in memory.summary and "ID5" in memory.summary
+    raw = store.raw_blocks("s1", list(memory.covered_block_ids))
+    assert [raw[b.block_id] for b in blocks[:-2]] == [list(b.messages) for b in blocks[:-2]]
+    assert [e["kind"] for e in store.events("s1")] == ["compressed"]
+
+
+def test_later_request_drops_covered_blocks_and_recalls_after_prefix(store):
+    messages = conversation(8)
+    run(messages, store, Services(), COMPRESS)
+    later = conversation(10)  # the agent resends everything plus two new blocks
+    outcome = run(later, store, Services(), KEEP)
+    assert outcome.action == "recalled"
+    assert outcome.messages[:2] == later[:2]
+    assert outcome.messages[2]["content"].startswith(MEMORY_HEADER)
+    # covered blocks are gone; the two formerly recent blocks and the new ones stay raw
+    assert outcome.messages[3:] == later[2 + 2 * 6:]
+    assert protocol_issues(outcome.messages) == []
+    # a repeat gives the very same request (stable for the prefix cache)
+    assert run(later, store, Services(), KEEP).messages == outcome.messages
+
+
+def test_below_gate_never_compresses(store):
+    outcome = run(conversation(8, chars=40), store, Services(), COMPRESS)
+    assert outcome.action == "none" and store.load("s1").memories == []
+
+
+def test_missing_vote_skips_compression_but_recall_still_works(store):
+    run(conversation(8), store, Services(), COMPRESS)
+    outcome = run(conversation(20), store, Services(), None)
+    assert outcome.action == "recalled"
+    assert "compression skipped" in outcome.detail
+    assert len(store.load("s1").memories) == 1
+
+
+@pytest.mark.parametrize(
+    "services, rule",
+    [
+        (Services(summary_error=RuntimeError("engine error")), "summary_failure"),
+        (Services(summary_delay=1.0), "summary_failure"),  # timeout on every attempt
+        (Services(embed_error=ConnectionError("embedder down")), "embedding_failure"),
+    ],
+)
+def test_engine_failures_commit_nothing_and_remove_nothing(store, services, rule):
+    messages = conversation(8)
+    outcome = run(messages, store, services, COMPRESS, summary_timeout_s=0.05, summary_attempts=2, embed_attempts=2)
+    assert outcome.action == f"fallback:{rule}"
+    assert outcome.messages == messages
+    assert store.load("s1").memories == []
+
+
+def test_storage_failure_mid_transaction_leaves_no_memory(store):
+    # a real SQLite failure after the memory row was inserted: the raw blocks insert aborts
+    store._conn.execute("CREATE TRIGGER fail BEFORE INSERT ON raw_blocks BEGIN SELECT RAISE(ABORT, 'disk full'); END")
+    messages = conversation(8)
+    outcome = run(messages, store, Services(), COMPRESS)
+    assert outcome.action == "fallback:storage_failure" and "disk full" in outcome.detail
+    assert outcome.messages == messages
+    assert store._conn.execute("SELECT COUNT(*) FROM memories").fetchone()[0] == 0
+
+
+def test_recall_failure_sends_the_original_request(store):
+    run(conversation(8), store, Services(), COMPRESS)
+    later = conversation(10)
+    outcome = run(later, store, Services(embed_error=TimeoutError("slow")), KEEP, embed_attempts=1)
+    assert outcome.action == "fallback:recall_failure"
+    assert outcome.messages == later
+
+
+def test_corrupt_rows_are_discarded_not_repaired(store):
+    run(conversation(8), store, Services(), COMPRESS)
+    store._conn.execute("UPDATE memories SET embedding = x'00'")
+    outcome = run(conversation(10), store, Services(), KEEP)
+    assert outcome.action == "none" and "discarded 1 corrupt" in outcome.detail
+    assert outcome.messages == conversation(10)  # no memory, so no block is dropped
+    assert store.load("s1").memories == []
+    assert store._conn.execute("SELECT COUNT(*) FROM raw_blocks").fetchone()[0] == 0
+
+
+def test_corrupt_database_file_starts_empty(tmp_path):
+    path = tmp_path / "memory.sqlite3"
+    path.write_bytes(b"this is not a database" * 100)
+    store = MemoryStore(path)
+    assert store.reset_events and list(tmp_path.glob("memory.sqlite3.corrupt-*"))
+    assert run(conversation(8), store, Services(), COMPRESS).action == "compressed"
+
+
+def test_schema_mismatch_is_treated_as_corrupt(tmp_path):
+    path = tmp_path / "memory.sqlite3"
+    MemoryStore(path).close()
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE meta SET value='999' WHERE key='schema_version'")
+    conn.commit()
+    conn.close()
+    store = MemoryStore(path)
+    assert "schema version 999" in store.reset_events[0]
+
+
+def test_sessions_are_isolated(store):
+    run(conversation(8), store, Services(), COMPRESS, session="a")
+    assert store.load("b").memories == []
+    outcome = run(conversation(10), store, Services(), KEEP, session="b")
+    assert outcome.action == "none" and outcome.messages == conversation(10)
+
+
+def test_store_survives_reopen(tmp_path):
+    path = tmp_path / "memory.sqlite3"
+    first = MemoryStore(path)
+    run(conversation(8), first, Services(), COMPRESS)
+    first.close()
+    assert len(MemoryStore(path).load("s1").memories) == 1

@@ -1,0 +1,276 @@
+"""PaMER (paper Algorithm 1): vote-driven compression transactions and Top-K recall.
+
+Per request of a session:
+1. load the session's memories (corrupt rows are discarded, never repaired);
+2. C_eff: drop raw blocks already covered by committed memories;
+3. split C_eff into P / O / R (R = ``retained_blocks`` most recent blocks);
+4. if tokens(O) >= ``min_candidate_tokens`` and the vote captured at this
+   session's previous prefill says compress: summarize O, embed the summary,
+   store (summary, embedding, covered blocks, step details), and only then
+   send P + R - the transaction; any failure sends the original request;
+5. otherwise, with memories: embed a query (task + R, last ``query_chars``
+   characters), take the Top-K memories by cosine and send P + E + O + R with
+   their summaries E in stable (memory id) order.
+
+Engine work (summaries, embeddings, token counts) comes through
+``MemoryServices``; the policy itself is pure and testable without vLLM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol, TypeVar
+
+import msgspec
+import numpy as np
+
+from vllm_pamer.core.blocks import Block, Message
+from vllm_pamer.core.memory_store import Memory, MemoryStore, StepDetail, StoreError
+from vllm_pamer.core.policies.base import (
+    MemoryPolicy,
+    PolicyConfig,
+    PolicyDecision,
+    PolicyRequest,
+    register_policy,
+)
+
+logger = logging.getLogger("vllm_pamer.pamer")
+T = TypeVar("T")
+
+MEMORY_HEADER = "Memory of earlier steps (summaries written when those steps were archived):"
+
+
+class MemoryServices(Protocol):
+    """What the controller needs from the engine (see server/engine_services.py)."""
+
+    embedder_name: str
+
+    async def summarize(self, source: str, max_tokens: int) -> str: ...
+
+    async def embed(self, text: str) -> np.ndarray: ...
+
+    def count_tokens(self, messages: Sequence[Message]) -> int: ...
+
+
+class PamerConfig(PolicyConfig, frozen=True):
+    """Controller settings; defaults are the paper's Table 14."""
+
+    retained_blocks: int = 2
+    """Most recent complete blocks always kept raw (R)."""
+    min_candidate_tokens: int = 1024
+    """Compression gate: tokens(O) must reach this."""
+    top_k: int = 3
+    """Memories recalled per request."""
+    summary_source_chars: int = 40_000
+    """A longer source is covered from its beginning and its end."""
+    summary_max_tokens: int = 1024
+    summary_timeout_s: float = 100.0
+    summary_attempts: int = 8
+    embed_timeout_s: float = 30.0
+    embed_attempts: int = 8
+    query_chars: int = 30_000
+    """Recall query: task + R, limited to its final characters."""
+
+
+def serialize_messages(messages: Sequence[Message]) -> str:
+    """Plain-text view of messages (for summary sources and queries)."""
+    lines = []
+    for message in messages:
+        role = message.get("role", "?")
+        content = message.get("content")
+        if isinstance(content, list):
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        if content:
+            lines.append(f"{role}: {content}")
+        for call in message.get("tool_calls") or []:
+            function = call.get("function", {})
+            lines.append(f"{role} calls {function.get('name')}({function.get('arguments')})")
+    return "\n".join(lines)
+
+
+def cap_head_and_tail(text: str, budget: int) -> str:
+    """Keep the beginning and the end of ``text`` within ``budget`` characters."""
+    if len(text) <= budget:
+        return text
+    marker = "\n[... middle of the history omitted ...]\n"
+    keep = max(0, budget - len(marker))
+    return text[: keep // 2] + marker + text[len(text) - (keep - keep // 2):]
+
+
+def summary_prompt(source: str) -> list[Message]:
+    return [
+        {
+            "role": "system",
+            "content": "You write the working memory of an AI agent. Be factual and complete; never invent.",
+        },
+        {
+            "role": "user",
+            "content": (
+                "Below are earlier steps of an agent's work (its actions and the tool results). "
+                "They will be removed from its context and replaced by your summary, so keep what "
+                "later steps need:\n"
+                "- the goal and how far it has progressed;\n"
+                "- facts found, with identifiers and values copied exactly (ids, names, numbers, "
+                "dates, paths, amounts);\n"
+                "- decisions made and why; dead ends and what failed;\n"
+                "- open questions.\n"
+                "Write only the summary.\n\n=== STEPS ===\n" + source + "\n=== END ==="
+            ),
+        },
+    ]
+
+
+async def with_retries(
+    make_call: Callable[[], Awaitable[T]], timeout_s: float, attempts: int, what: str
+) -> T:
+    """Run ``make_call`` up to ``attempts`` times, each bounded by ``timeout_s``."""
+    last: BaseException | None = None
+    for _ in range(max(1, attempts)):
+        try:
+            return await asyncio.wait_for(make_call(), timeout_s)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - every failure is a retry
+            last = exc
+    raise RuntimeError(f"{what} failed after {attempts} attempts: {type(last).__name__}: {last}")
+
+
+def cosine_top_k(query: np.ndarray, memories: Sequence[Memory], k: int) -> list[Memory]:
+    """Top-k memories by cosine; zero vectors never match; ties -> lower id."""
+    q = np.asarray(query, dtype=np.float64).reshape(-1)
+    q_norm = np.linalg.norm(q)
+    if q_norm == 0:
+        return []
+    scored = []
+    for memory in memories:
+        e = memory.embedding.astype(np.float64)
+        if e.shape != q.shape:
+            raise ValueError(f"memory {memory.id} has embedding dim {e.shape[0]}, query has {q.shape[0]}")
+        norm = np.linalg.norm(e)
+        if norm > 0:
+            scored.append((-float(q @ e / (q_norm * norm)), memory.id, memory))
+    scored.sort(key=lambda item: (item[0], item[1]))
+    return [memory for _, _, memory in scored[:k]]
+
+
+def memory_message(memories: Sequence[Memory]) -> Message:
+    parts = [MEMORY_HEADER] + [f"[memory {m.id}] {m.summary}" for m in sorted(memories, key=lambda m: m.id)]
+    return {"role": "user", "content": "\n\n".join(parts)}
+
+
+class PamerContext(msgspec.Struct, frozen=True):
+    """Per-server handles the controller works with (passed in PolicyRequest.memory)."""
+
+    store: MemoryStore
+    services: Any  # MemoryServices
+
+
+@register_policy
+class Pamer(MemoryPolicy):
+    name = "pamer"
+    config_cls = PamerConfig
+    requires_heads = True
+
+    async def rewrite(self, request: PolicyRequest) -> PolicyDecision:
+        context: PamerContext | None = request.memory
+        if context is None:
+            raise RuntimeError("pamer needs a memory store and engine services")
+        cfg: PamerConfig = self.config
+        store, services = context.store, context.services
+        session = request.session_id
+        original = request.conversation.messages()
+
+        # 1-2. memory and C_eff
+        try:
+            loaded = store.load(session)
+        except StoreError as exc:
+            return PolicyDecision(original, "fallback:storage_failure", str(exc))
+        notes = [f"discarded {loaded.discarded} corrupt memories"] if loaded.discarded else []
+        covered = {block_id for m in loaded.memories for block_id in m.covered_block_ids}
+        prefix = list(request.conversation.prefix)
+        live = [b for b in request.conversation.blocks if b.block_id not in covered]
+        dropped = len(request.conversation.blocks) - len(live)
+        if dropped:
+            notes.append(f"{dropped} blocks already in memory")
+        # 3. P / O / R
+        cut = max(0, len(live) - cfg.retained_blocks)
+        old, recent = live[:cut], live[cut:]
+        old_messages = [m for b in old for m in b.messages]
+        recent_messages = [m for b in recent for m in b.messages]
+
+        # 4. compression (deferred vote of the previous prefill)
+        vote = request.previous_vote
+        old_tokens = services.count_tokens(old_messages) if old else 0
+        if old_tokens >= cfg.min_candidate_tokens:
+            if vote is None:
+                notes.append("no vote captured (probe failure): compression skipped")
+                store.log_event(session, "probe_missing", {"old_tokens": old_tokens})
+            elif vote.compress:
+                return await self._compress(request, context, prefix, old, recent_messages, original, old_tokens, notes)
+
+        # 5. recall
+        if loaded.memories:
+            try:
+                query_text = serialize_messages(prefix[-1:] + recent_messages)[-cfg.query_chars:]
+                query = await with_retries(
+                    lambda: services.embed(query_text), cfg.embed_timeout_s, cfg.embed_attempts, "query embedding"
+                )
+                chosen = cosine_top_k(query, loaded.memories, cfg.top_k)
+            except Exception as exc:  # recall failure: the original request, not a partial one
+                store.log_event(session, "recall_failure", {"error": str(exc)})
+                return PolicyDecision(original, "fallback:recall_failure", str(exc))
+            messages = prefix + ([memory_message(chosen)] if chosen else []) + old_messages + recent_messages
+            store.log_event(session, "recalled", {"memory_ids": [m.id for m in chosen]})
+            notes.append(f"recalled memories {sorted(m.id for m in chosen)}")
+            return PolicyDecision(messages, "recalled", "; ".join(notes))
+        if dropped:  # covered blocks but no memory left to stand for them cannot happen
+            return PolicyDecision(original, "none", "; ".join(notes))
+        return PolicyDecision(original, "none", "; ".join(notes))
+
+    async def _compress(self, request, context, prefix, old: list[Block], recent_messages, original, old_tokens, notes):
+        cfg: PamerConfig = self.config
+        store, services = context.store, context.services
+        session = request.session_id
+        source = cap_head_and_tail(serialize_messages([m for b in old for m in b.messages]), cfg.summary_source_chars)
+        try:
+            summary = await with_retries(
+                lambda: services.summarize(source, cfg.summary_max_tokens),
+                cfg.summary_timeout_s, cfg.summary_attempts, "summary",
+            )
+            if not isinstance(summary, str) or not summary.strip():
+                raise RuntimeError("the summary came back empty")
+        except Exception as exc:
+            store.log_event(session, "summary_failure", {"error": str(exc)})
+            return PolicyDecision(original, "fallback:summary_failure", str(exc))
+        try:
+            embedding = await with_retries(
+                lambda: services.embed(summary), cfg.embed_timeout_s, cfg.embed_attempts, "summary embedding"
+            )
+        except Exception as exc:
+            store.log_event(session, "embedding_failure", {"error": str(exc)})
+            return PolicyDecision(original, "fallback:embedding_failure", str(exc))
+        reduced = prefix + recent_messages
+        if services.count_tokens(reduced) >= services.count_tokens(original):
+            return PolicyDecision(original, "none", "compression would not shrink the request")
+        details = [
+            StepDetail(
+                step=index,
+                block_id=block.block_id,
+                tool_names=tuple(c.get("function", {}).get("name", "") for c in block.assistant.get("tool_calls") or []),
+                chars=len(json.dumps(list(block.messages))),
+            )
+            for index, block in enumerate(old)
+        ]
+        try:
+            memory_id = store.commit_memory(session, summary.strip(), embedding, services.embedder_name, old, details)
+        except Exception as exc:  # storage precedes removal: nothing is removed
+            store.log_event(session, "storage_failure", {"error": str(exc)})
+            return PolicyDecision(original, "fallback:storage_failure", str(exc))
+        store.log_event(
+            session, "compressed", {"memory_id": memory_id, "blocks": len(old), "old_tokens": old_tokens}
+        )
+        notes.append(f"archived {len(old)} blocks ({old_tokens} tokens) as memory {memory_id}")
+        return PolicyDecision(reduced, "compressed", "; ".join(notes))

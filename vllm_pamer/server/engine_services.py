@@ -1,0 +1,86 @@
+"""Engine services for the memory controller, all served by the same engine:
+
+* ``summarize`` - an internal chat request (temperature 0, thinking off where
+  the template has the switch) whose source is trimmed from the middle until
+  the prompt fits the model window;
+* ``embed`` - the served model's own final-norm state at the last token of the
+  text: a one-token internal request tagged with a capture key, its state
+  read from the capture channel (no second model);
+* ``count_tokens`` - the served tokenizer.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from vllm import SamplingParams
+
+from vllm_pamer.channel import CAPTURE_KEY, SESSION_KEY, CaptureInbox
+from vllm_pamer.core.policies.pamer import cap_head_and_tail, summary_prompt
+
+
+class EngineServices:
+    embedder_name = "served-model-state"
+
+    def __init__(self, engine_client: Any, tokenizer: Any, inbox: CaptureInbox, max_model_len: int,
+                 capture_wait_s: float = 10.0) -> None:
+        self.engine_client = engine_client
+        self.tokenizer = tokenizer
+        self.inbox = inbox
+        self.max_model_len = max_model_len
+        self.capture_wait_s = capture_wait_s
+
+    # -- token counting --------------------------------------------------------
+    def chat_ids(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> list[int]:
+        kwargs = {"enable_thinking": False}  # ignored by templates without the switch
+        ids = self.tokenizer.apply_chat_template(
+            list(messages), tokenize=True, add_generation_prompt=add_generation_prompt, **kwargs
+        )
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return list(ids)
+
+    def count_tokens(self, messages: Sequence[dict]) -> int:
+        if not messages:
+            return 0
+        try:
+            return len(self.chat_ids(messages, add_generation_prompt=False))
+        except Exception:  # a template that refuses a partial conversation
+            text = "\n".join(str(m.get("content") or "") for m in messages)
+            return len(self.tokenizer.encode(text, add_special_tokens=False))
+
+    # -- internal requests -------------------------------------------------------
+    async def _run(self, prompt_ids: list[int], params: SamplingParams, kind: str) -> str:
+        request_id = f"pamer-{kind}-{uuid.uuid4().hex}"
+        text = ""
+        async for output in self.engine_client.generate({"prompt_token_ids": prompt_ids}, params, request_id):
+            if output.outputs:
+                text = output.outputs[0].text
+        return text
+
+    async def summarize(self, source: str, max_tokens: int) -> str:
+        max_tokens = min(max_tokens, self.max_model_len // 4)
+        budget = self.max_model_len - max_tokens - 8
+        ids = self.chat_ids(summary_prompt(source))
+        for _ in range(4):  # shrink from the middle until it fits
+            if len(ids) <= budget:
+                break
+            source = cap_head_and_tail(source, int(len(source) * budget / len(ids) * 0.9))
+            ids = self.chat_ids(summary_prompt(source))
+        else:
+            raise RuntimeError(f"summary prompt of {len(ids)} tokens does not fit {budget}")
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, extra_args={SESSION_KEY: ""})
+        return (await self._run(ids, params, "summary")).strip()
+
+    async def embed(self, text: str) -> np.ndarray:
+        ids = self.tokenizer.encode(text, add_special_tokens=False)[-(self.max_model_len - 2):] or [0]
+        key = uuid.uuid4().hex
+        params = SamplingParams(temperature=0.0, max_tokens=1, extra_args={CAPTURE_KEY: key, SESSION_KEY: ""})
+        await self._run(ids, params, "embed")
+        record = await self.inbox.wait_for(key, self.capture_wait_s)
+        if record is None:
+            raise RuntimeError("no state was captured for the embedding request")
+        return record.hidden_state().copy()
