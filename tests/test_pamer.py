@@ -80,7 +80,7 @@ def test_compression_commits_then_sends_prefix_and_recent(store):
     assert "ID0" in memory.summary and "ID5" in memory.summary
     raw = store.raw_blocks("s1", list(memory.covered_block_ids))
     assert [raw[b.block_id] for b in blocks[:-2]] == [list(b.messages) for b in blocks[:-2]]
-    assert [e["kind"] for e in store.events("s1")] == ["compressed"]
+    assert [e["kind"] for e in store.events("s1")] == ["compression_started", "compressed"]
 
 
 def test_later_request_drops_covered_blocks_and_recalls_after_prefix(store):

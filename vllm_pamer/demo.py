@@ -40,13 +40,15 @@ def ensure_demo_heads(model_dir: Path) -> Path:
 class ServerProcess:
     """``vllm-pamer serve`` in a child process (its own process group)."""
 
-    def __init__(self, args: list[str], port: int, log_path: Path) -> None:
+    def __init__(self, args: list[str], port: int, log_path: Path, env: dict[str, str] | None = None) -> None:
         self.port = port
         self.base_url = f"http://127.0.0.1:{port}"
         self.log_path = log_path
         self._log = open(log_path, "w")
         cmd = [sys.executable, "-m", "vllm_pamer.cli", "serve", *args, "--port", str(port)]
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **(env or {})}
+        )
 
     def wait_ready(self, timeout: float = 900.0, progress: bool = True) -> None:
         import requests
@@ -68,6 +70,13 @@ class ServerProcess:
 
     def tail(self, lines: int = 30) -> str:
         return "".join(Path(self.log_path).read_text(errors="replace").splitlines(True)[-lines:])
+
+    def kill(self) -> None:
+        """SIGKILL the whole server (API server, engine, workers): a crash."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self._log.close()
 
     def stop(self) -> None:
         if self.proc.poll() is None:

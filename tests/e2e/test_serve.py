@@ -5,7 +5,6 @@ real multi-turn agent trajectory."""
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 import requests
@@ -14,16 +13,11 @@ from vllm_pamer.core.blocks import protocol_issues
 from vllm_pamer.default_model import DEFAULT_MODEL_NAME
 from vllm_pamer.demo import ServerProcess, ensure_demo_heads
 from vllm_pamer.trajectories import agent_requests, load_trajectories
+from tests.e2e.helpers import chat, free_port
 
 pytestmark = pytest.mark.e2e
 
 TRAJECTORY = "airline-task14-trial1"  # 32 messages, fits the 8k window unrewritten
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +26,9 @@ def server(default_model_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("serve") / "server.log"
     proc = ServerProcess(
         ["--pamer-policy", "none", "--pamer-heads", str(heads), "--enforce-eager", "--max-num-seqs", "4"],
-        _free_port(),
+        free_port(),
         log,
+        env={"PAMER_STORE": str(log.parent / "memory.sqlite3")},
     )
     try:
         proc.wait_ready(timeout=600, progress=False)
@@ -54,22 +49,13 @@ def trajectory():
     return {t["id"]: t for t in load_trajectories(kind="tau")}[TRAJECTORY]
 
 
-def _chat(client, messages, session, policy=None, **kwargs):
-    headers = {"X-Session-ID": session, "X-Pamer-Echo": "1"}
-    if policy:
-        headers["X-Pamer-Policy"] = policy
-    return client.chat.completions.create(
-        model=DEFAULT_MODEL_NAME, messages=messages, max_tokens=8, temperature=0, extra_headers=headers, **kwargs
-    )
-
-
 @pytest.fixture(scope="module")
 def replayed(client, trajectory):
     """The trajectory replayed twice, once per policy, each in its own session."""
     runs = {}
     for policy in ("none", "recent_k"):
         runs[policy] = [
-            (history, _chat(client, history, f"e2e-{policy}", policy))
+            (history, chat(client, history, f"e2e-{policy}", policy))
             for _, history in agent_requests(trajectory["messages"])
         ]
     return runs
@@ -128,7 +114,7 @@ def test_session_endpoint_holds_last_vote(client, replayed, server):
 
 def test_streaming_last_chunk_carries_report(client, trajectory):
     history = next(h for i, h in agent_requests(trajectory["messages"]) if len(h) > 6)
-    stream = _chat(client, history, "e2e-stream", "recent_k", stream=True)
+    stream = chat(client, history, "e2e-stream", "recent_k", stream=True)
     chunks = list(stream)
     report = chunks[-1].model_extra["pamer"]
     assert report["captured"] is True and len(report["head_logits"]) == 5
@@ -149,7 +135,7 @@ def test_request_without_session_is_served_unchanged(client, trajectory):
 
 def test_orphan_tool_result_falls_back_unchanged(client, trajectory):
     history = trajectory["messages"][:2] + [{"role": "tool", "tool_call_id": "nope", "content": "stray"}]
-    report = _chat(client, history, "e2e-orphan", "recent_k").model_extra["pamer"]
+    report = chat(client, history, "e2e-orphan", "recent_k").model_extra["pamer"]
     assert report["action"] == "fallback:unsafe_tool_protocol"
     assert report["messages_sent"] == history
 

@@ -24,6 +24,7 @@ class RewriteOutcome(msgspec.Struct, frozen=True):
     action: str
     """``none``, ``rewritten`` or ``fallback:<rule>``."""
     detail: str = ""
+    tokens_inserted: int = 0
 
     @property
     def is_fallback(self) -> bool:
@@ -58,4 +59,4 @@ async def rewrite_request(
     issues = protocol_issues(decision.messages)
     if issues or not decision.messages:
         return _fallback(messages, "invalid_rewrite", issues[0].detail if issues else "empty result")
-    return RewriteOutcome(decision.messages, decision.action, decision.detail)
+    return RewriteOutcome(decision.messages, decision.action, decision.detail, decision.tokens_inserted)

@@ -185,6 +185,7 @@ async def _handle_chat(body: dict, raw_request: Request):
     metrics.REQUESTS.labels(policy.name, metrics.action_label(outcome.action)).inc()
     if rewritten and report.prompt_tokens_in and report.prompt_tokens_out:
         metrics.PROMPT_TOKENS_REMOVED.inc(max(0, report.prompt_tokens_in - report.prompt_tokens_out))
+    metrics.TOKENS_INSERTED.inc(outcome.tokens_inserted)
 
     capture_key = uuid.uuid4().hex
     xargs = body.get("vllm_xargs") or {}

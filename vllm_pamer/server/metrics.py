@@ -10,7 +10,10 @@ MISSED_CAPTURES = Counter(
     "vllm_pamer_missed_captures", "Responses whose capture record did not arrive in time"
 )
 PROMPT_TOKENS_REMOVED = Counter(
-    "vllm_pamer_prompt_tokens_removed", "Prompt tokens removed by rewrites"
+    "vllm_pamer_prompt_tokens_removed", "Prompt tokens removed by rewrites (before minus after, when positive)"
+)
+TOKENS_INSERTED = Counter(
+    "vllm_pamer_tokens_inserted", "Tokens of recalled memory text inserted into requests"
 )
 
 

@@ -38,8 +38,10 @@ class PolicyRequest(msgspec.Struct, frozen=True):
 class PolicyDecision(msgspec.Struct, frozen=True):
     messages: list[Message]
     action: str
-    """``none`` (sent as is), ``rewritten``, or ``fallback:<rule>``."""
+    """``none`` (sent as is), ``rewritten``, ``compressed``, ``recalled``, or ``fallback:<rule>``."""
     detail: str = ""
+    tokens_inserted: int = 0
+    """Tokens of text the policy added (recalled memories), for metrics."""
 
 
 class PolicyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

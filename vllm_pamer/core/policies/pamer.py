@@ -222,12 +222,12 @@ class Pamer(MemoryPolicy):
             except Exception as exc:  # recall failure: the original request, not a partial one
                 store.log_event(session, "recall_failure", {"error": str(exc)})
                 return PolicyDecision(original, "fallback:recall_failure", str(exc))
-            messages = prefix + ([memory_message(chosen)] if chosen else []) + old_messages + recent_messages
+            inserted = [memory_message(chosen)] if chosen else []
+            messages = prefix + inserted + old_messages + recent_messages
             store.log_event(session, "recalled", {"memory_ids": [m.id for m in chosen]})
             notes.append(f"recalled memories {sorted(m.id for m in chosen)}")
-            return PolicyDecision(messages, "recalled", "; ".join(notes))
-        if dropped:  # covered blocks but no memory left to stand for them cannot happen
-            return PolicyDecision(original, "none", "; ".join(notes))
+            return PolicyDecision(messages, "recalled", "; ".join(notes), services.count_tokens(inserted))
+        # Without memories no block is covered, so C_eff is the request itself.
         return PolicyDecision(original, "none", "; ".join(notes))
 
     async def _compress(self, request, context, prefix, old: list[Block], recent_messages, original, old_tokens, notes):
@@ -235,6 +235,7 @@ class Pamer(MemoryPolicy):
         store, services = context.store, context.services
         session = request.session_id
         source = cap_head_and_tail(serialize_messages([m for b in old for m in b.messages]), cfg.summary_source_chars)
+        store.log_event(session, "compression_started", {"blocks": len(old), "old_tokens": old_tokens})
         try:
             summary = await with_retries(
                 lambda: services.summarize(source, cfg.summary_max_tokens),

@@ -1,0 +1,181 @@
+"""End to end: the PaMER controller inside a real ``vllm-pamer serve`` of the
+default model, with heads that always vote "compress", on a long real
+trajectory; and a crash (SIGKILL) in the middle of a compression."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+import requests
+
+from vllm_pamer.core.blocks import protocol_issues, split_conversation
+from vllm_pamer.core.heads import ModelFingerprint, constant_heads, save_heads
+from vllm_pamer.core.memory_store import MemoryStore
+from vllm_pamer.core.policies.pamer import MEMORY_HEADER
+from vllm_pamer.demo import ServerProcess
+from vllm_pamer.trajectories import agent_requests, load_trajectories
+from tests.e2e.helpers import chat, free_port
+
+pytestmark = pytest.mark.e2e
+
+TRAJECTORY = "airline-task2-trial1"  # 62 messages, 27 tool results, beyond the 8k window unrewritten
+STEPS = 14  # enough for two compressions and the recalls after them
+# Short summaries keep a CPU replay fast; everything else is the paper's Table 14.
+OPTIONS = json.dumps({"summary_max_tokens": 48})
+
+
+@pytest.fixture(scope="module")
+def compress_heads(default_model_dir, tmp_path_factory):
+    from transformers import AutoConfig
+
+    path = tmp_path_factory.mktemp("heads") / "always-compress.safetensors"
+    fingerprint = ModelFingerprint.from_hf_config(AutoConfig.from_pretrained(default_model_dir), "SmolLM2-135M-Instruct")
+    save_heads(constant_heads(fingerprint, 10.0), path)
+    return path
+
+
+def start_pamer_server(heads, store_path, log_path) -> ServerProcess:
+    server = ServerProcess(
+        ["--pamer-policy", "pamer", "--pamer-policy-options", OPTIONS, "--pamer-heads", str(heads), "--enforce-eager"],
+        free_port(), log_path, env={"PAMER_STORE": str(store_path)},
+    )
+    try:
+        server.wait_ready(timeout=600, progress=False)
+    except Exception:
+        server.stop()
+        raise
+    return server
+
+
+def client_for(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def trajectory():
+    return {t["id"]: t for t in load_trajectories(kind="tau")}[TRAJECTORY]
+
+
+@pytest.fixture(scope="module")
+def pamer_run(compress_heads, trajectory, tmp_path_factory):
+    root = tmp_path_factory.mktemp("pamer")
+    server = start_pamer_server(compress_heads, root / "memory.sqlite3", root / "server.log")
+    try:
+        client = client_for(server)
+        steps = [
+            (history, chat(client, history, "pamer-e2e").model_extra["pamer"])
+            for _, history in list(agent_requests(trajectory["messages"]))[:STEPS]
+        ]
+        session = requests.get(f"{server.base_url}/pamer/sessions/pamer-e2e", timeout=30).json()
+        no_session = chat(client, trajectory["messages"][:6]).model_extra["pamer"]
+        yield steps, session, no_session, root / "memory.sqlite3"
+    finally:
+        server.stop()
+
+
+def _block_ids(messages):
+    return [b.block_id for b in split_conversation(messages).blocks]
+
+
+def test_compression_then_recall_on_a_real_trajectory(pamer_run):
+    steps, _, _, _ = pamer_run
+    actions = [report["action"] for _, report in steps]
+    assert "compressed" in actions and "recalled" in actions
+    first = actions.index("compressed")
+    assert all(a == "none" for a in actions[:first])  # gate not reached yet (or no vote at step 0)
+    for history, report in steps:
+        sent = report["messages_sent"]
+        assert protocol_issues(sent) == []
+        assert report["captured"] and report["votes"] == 5 and report["compress_vote"] is True
+        if report["action"] == "compressed":
+            assert report["prompt_tokens_out"] < report["prompt_tokens_in"]
+            assert MEMORY_HEADER not in json.dumps(sent)  # no recall on the compressing request
+        if report["action"] == "recalled":
+            assert sent[:2] == history[:2]
+            assert sent[2]["content"].startswith(MEMORY_HEADER)  # right after the prefix
+            assert MEMORY_HEADER not in json.dumps(sent[3:])
+    # once memory exists, prompts stay well below the raw history
+    last_in, last_out = steps[-1][1]["prompt_tokens_in"], steps[-1][1]["prompt_tokens_out"]
+    assert last_out < 0.8 * last_in
+
+
+def test_store_covers_exactly_the_removed_blocks(pamer_run):
+    steps, session, _, store_path = pamer_run
+    memories = session["memories"]
+    assert memories and all(m["summary"].strip() for m in memories)
+    covered = {b for m in memories for b in m["covered_block_ids"]}
+    store = MemoryStore(store_path)
+    raw = store.raw_blocks("pamer-e2e", sorted(covered))
+    assert set(raw) == covered  # every archived block is kept raw for later
+    for history, report in steps:
+        kept = set(_block_ids(report["messages_sent"]))
+        for block_id in _block_ids(history):
+            assert block_id in kept or block_id in covered, "a block left the context without a memory"
+    kinds = [e["kind"] for e in session["events"]]
+    assert kinds.count("compressed") == len(memories)
+
+
+def test_fallback_is_reported(pamer_run):
+    _, _, no_session, _ = pamer_run
+    assert no_session["action"] == "fallback:missing_session_id"
+
+
+def test_crash_in_the_middle_of_a_compression(compress_heads, trajectory, tmp_path):
+    """SIGKILL while a summary is being written; restart on the same store and
+    replay the session: no raw block lost, no dangling memory, it continues."""
+    store_path = tmp_path / "memory.sqlite3"
+    requests_ = list(agent_requests(trajectory["messages"]))[:STEPS]
+    server = start_pamer_server(compress_heads, store_path, tmp_path / "first.log")
+    watcher = MemoryStore(store_path)
+    killed_at = None
+    try:
+        client = client_for(server)
+        for step, (_, history) in enumerate(requests_):
+            before = len(watcher.events("crash"))
+            errors = []
+            worker = threading.Thread(target=lambda: errors.append(_try(chat, client, history, "crash")))
+            worker.start()
+            deadline = time.monotonic() + 120
+            while worker.is_alive() and time.monotonic() < deadline:
+                new = [e["kind"] for e in watcher.events("crash")[before:]]
+                if "compression_started" in new and "compressed" not in new:
+                    server.kill()  # mid-compression
+                    killed_at = step
+                    break
+                time.sleep(0.05)
+            worker.join(timeout=60)
+            if killed_at is not None:
+                break
+    finally:
+        server.stop()
+    assert killed_at is not None, "no compression started"
+    assert watcher.load("crash").memories == []  # the killed transaction left nothing
+
+    server = start_pamer_server(compress_heads, store_path, tmp_path / "second.log")
+    try:
+        client = client_for(server)
+        reports = [chat(client, h, "crash").model_extra["pamer"] for _, h in requests_[killed_at:]]
+    finally:
+        server.stop()
+    assert all(not r["action"].startswith("fallback") for r in reports)
+    assert "compressed" in [r["action"] for r in reports]  # the session goes on compressing
+    loaded = MemoryStore(store_path).load("crash")
+    assert loaded.discarded == 0 and loaded.memories
+    covered = [b for m in loaded.memories for b in m.covered_block_ids]
+    assert len(covered) == len(set(covered))
+    assert set(MemoryStore(store_path).raw_blocks("crash", covered)) == set(covered)
+    for (_, history), report in zip(requests_[killed_at:], reports):
+        kept = set(_block_ids(report["messages_sent"]))
+        assert all(b in kept or b in covered for b in _block_ids(history))
+
+
+def _try(fn, *args):
+    try:
+        return fn(*args)
+    except Exception as exc:  # the request dies with the server
+        return exc
