@@ -26,7 +26,8 @@ def test_round_trip_through_env():
 def test_defaults_from_an_empty_env():
     config = PamerConfig.from_env({})
     assert config == PamerConfig()
-    assert (config.policy, config.policy_options, config.heads, config.capture) == ("none", {}, None, True)
+    assert (config.policy, config.policy_options, config.heads, config.capture) == (None, {}, None, True)
+    assert config.default_policy == "none"  # no heads: nothing needs them
     assert "PAMER_HEADS" not in PamerConfig().to_env()  # None is not written
     assert PamerConfig.from_env(PamerConfig().to_env()) == PamerConfig()
 
@@ -37,7 +38,7 @@ def test_empty_values_mean_default():
 
 def test_from_env_reads_the_given_mapping_not_os_environ(monkeypatch):
     monkeypatch.setenv("PAMER_POLICY", "recent_k")
-    assert PamerConfig.from_env({}).policy == "none"
+    assert PamerConfig.from_env({}).policy is None
     assert PamerConfig.from_env().policy == "recent_k"
 
 
@@ -79,3 +80,8 @@ json_values = st.recursive(
 def test_round_trip_property(policy, options, heads, capture, wait):
     config = PamerConfig(policy=policy, policy_options=options, heads=heads, capture=capture, capture_wait_s=wait)
     assert PamerConfig.from_env(config.to_env()) == config
+
+
+def test_default_policy_is_pamer_once_heads_exist():
+    assert PamerConfig.from_env({"PAMER_HEADS": "/x.safetensors"}).default_policy == "pamer"
+    assert PamerConfig.from_env({"PAMER_HEADS": "/x.safetensors", "PAMER_POLICY": "recent_k"}).default_policy == "recent_k"

@@ -187,3 +187,70 @@ def test_store_survives_reopen(tmp_path):
     run(conversation(8), first, Services(), COMPRESS)
     first.close()
     assert len(MemoryStore(path).load("s1").memories) == 1
+
+
+class FlakyServices(Services):
+    """Fails the first summary, then works."""
+
+    async def summarize(self, source, max_tokens):
+        if self.summaries == 0 and not getattr(self, "failed", False):
+            self.failed = True
+            raise RuntimeError("first summary fails")
+        return await super().summarize(source, max_tokens)
+
+
+@pytest.mark.parametrize("new_blocks", [1, 2])
+def test_summary_written_ahead_is_committed_by_the_next_request(store, new_blocks):
+    services = Services()
+
+    async def scenario():
+        policy = create_policy("pamer", {"summarize_ahead": True})
+        context = PamerContext(store, services)
+        t = conversation(7)
+        first = await rewrite_request(t, "s1", policy, KEEP, context)
+        assert first.action == "none"
+        await policy.on_vote("s1", COMPRESS, context)  # request t's vote, at its prefill
+        await asyncio.sleep(0.05)
+        assert services.summaries == 1  # written before request t+1 exists
+        later = conversation(7 + new_blocks)
+        return await rewrite_request(later, "s1", policy, COMPRESS, context), later
+
+    outcome, later = asyncio.run(scenario())
+    assert outcome.action == "compressed" and "summary written ahead" in outcome.detail
+    assert services.summaries == 1  # no second summary inside request t+1
+    blocks = split_conversation(later).blocks
+    [memory] = store.load("s1").memories
+    # the early summary covers the blocks that were old-to-be at t: all but the last of t's blocks
+    assert list(memory.covered_block_ids) == [b.block_id for b in blocks[:6]]
+    kept = [m for b in blocks[6:] for m in b.messages]
+    assert outcome.messages == later[:2] + kept
+    assert protocol_issues(outcome.messages) == []
+
+
+def test_failed_ahead_summary_falls_back_to_the_synchronous_path(store):
+    services = FlakyServices()
+
+    async def scenario():
+        policy = create_policy("pamer", {"summarize_ahead": True, "summary_attempts": 1})
+        context = PamerContext(store, services)
+        await rewrite_request(conversation(7), "s1", policy, KEEP, context)
+        await policy.on_vote("s1", COMPRESS, context)
+        return await rewrite_request(conversation(8), "s1", policy, COMPRESS, context)
+
+    outcome = asyncio.run(scenario())
+    assert outcome.action == "compressed" and "ahead" not in outcome.detail
+    assert "summary_ahead_failed" in [e["kind"] for e in store.events("s1")]
+
+
+def test_keep_vote_starts_nothing_ahead(store):
+    services = Services()
+
+    async def scenario():
+        policy = create_policy("pamer", {"summarize_ahead": True})
+        context = PamerContext(store, services)
+        await rewrite_request(conversation(7), "s1", policy, KEEP, context)
+        await policy.on_vote("s1", KEEP, context)
+        await asyncio.sleep(0.05)
+
+    asyncio.run(scenario())
+    assert services.summaries == 0

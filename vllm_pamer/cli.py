@@ -84,12 +84,12 @@ def cmd_serve(argv: list[str]) -> None:
 
     # Fail fast, before the engine spends a minute starting.
     try:
-        cls = policy_class(config.policy)
+        cls = policy_class(config.default_policy)
         if config.heads:
             load_heads(config.heads).check_model(_model_fingerprint(model), config.heads)
         elif cls.requires_heads:
             raise UnknownPolicy(
-                f"policy {config.policy!r} needs heads trained for {model}; pass --pamer-heads "
+                f"policy {config.default_policy!r} needs heads trained for {model}; pass --pamer-heads "
                 "(or pick a policy that needs none: none, recent_k)"
             )
     except (UnknownPolicy, HeadsMismatch, ValueError, FileNotFoundError) as exc:

@@ -18,8 +18,9 @@ ENV_PREFIX = "PAMER_"
 
 
 class PamerConfig(msgspec.Struct, frozen=True, kw_only=True):
-    policy: str = "none"
-    """Memory policy applied to requests that name none (``PAMER_POLICY``)."""
+    policy: str | None = None
+    """Memory policy applied to requests that name none (``PAMER_POLICY``).
+    Unset: ``pamer`` when a heads file is configured, else ``none``."""
     policy_options: dict[str, Any] = msgspec.field(default_factory=dict)
     """Options of that policy as JSON (``PAMER_POLICY_OPTIONS``)."""
     heads: str | None = None
@@ -32,6 +33,10 @@ class PamerConfig(msgspec.Struct, frozen=True, kw_only=True):
     ``<PAMER_CACHE>/memory.sqlite3``)."""
     capture: bool = True
     """Capture the final state at every completed prefill (``PAMER_CAPTURE``)."""
+
+    @property
+    def default_policy(self) -> str:
+        return self.policy or ("pamer" if self.heads else "none")
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> "PamerConfig":

@@ -39,7 +39,7 @@ from vllm_pamer.core.render import render_tools_as_text, template_supports_tools
 from vllm_pamer.default_model import cache_root
 from vllm_pamer.server.engine_services import EngineServices
 from vllm_pamer.server import metrics
-from vllm_pamer.server.sessions import SessionRegistry
+from vllm_pamer.server.sessions import SessionRegistry, SessionState
 
 logger = logging.getLogger("vllm_pamer.endpoint")
 
@@ -47,6 +47,7 @@ SESSION_HEADER = "x-session-id"
 POLICY_HEADER = "x-pamer-policy"
 ECHO_HEADER = "x-pamer-echo"
 REWRITING_ACTIONS = ("rewritten", "compressed", "recalled")
+CAPTURE_LIFETIME_S = 3600.0  # a request may wait long in the queue before its prefill
 
 
 def error_response(status: int, message: str, err_type: str = "BadRequestError") -> JSONResponse:
@@ -94,7 +95,7 @@ class PamerServer:
         self.inbox = CaptureInbox(ensure_channel_address())
         self.has_heads = bool(config.heads)
         self._policies: dict[str, MemoryPolicy] = {}
-        self.default_policy = self.policy(config.policy, config.policy_options)
+        self.default_policy = self.policy(config.default_policy, config.policy_options)
         tokenizer = engine_client.renderer.get_tokenizer()
         self.tokenizer = tokenizer
         self.tools_as_text = not template_supports_tools(getattr(tokenizer, "chat_template", None))
@@ -115,6 +116,19 @@ class PamerServer:
                 )
             self._policies[name] = create_policy(name, options)
         return self._policies[name]
+
+    async def on_capture(self, key: str, session: SessionState | None, policy: MemoryPolicy) -> CaptureRecord | None:
+        """Wait for a request's capture; file its vote on the session and let
+        the policy act on it (e.g. start a summary while the agent works)."""
+        record = await self.inbox.wait_for(key, CAPTURE_LIFETIME_S)
+        if record is not None and session is not None:
+            session.record_capture(record)
+            if session.last_vote is not None:
+                try:
+                    await policy.on_vote(session.session_id, session.last_vote, self.memory)
+                except Exception:
+                    logger.exception("policy %s failed to act on a vote", policy.name)
+        return record
 
     def count_prompt_tokens(self, messages: list[dict]) -> int | None:
         try:
@@ -201,10 +215,21 @@ async def _handle_chat(body: dict, raw_request: Request):
     handler = raw_request.app.state.openai_serving_chat
     if handler is None:
         return error_response(501, "the served model does not support chat completions", "NotImplementedError")
-    result = await handler.create_chat_completion(request, raw_request)
+    # The capture arrives when the prompt prefill completes, long before the
+    # response ends: file the vote on the session right then.
+    capture_task = asyncio.create_task(server.on_capture(capture_key, session, policy))
+    try:
+        result = await handler.create_chat_completion(request, raw_request)
+    except BaseException:
+        capture_task.cancel()
+        raise
 
     async def finish_report() -> dict:
-        record = await server.inbox.wait_for(capture_key, server.config.capture_wait_s)
+        try:
+            record = await asyncio.wait_for(asyncio.shield(capture_task), server.config.capture_wait_s)
+        except asyncio.TimeoutError:
+            capture_task.cancel()
+            record = None
         report.add_capture(record)
         if record is not None:
             metrics.CAPTURES.inc()
@@ -213,14 +238,13 @@ async def _handle_chat(body: dict, raw_request: Request):
         if session is not None:
             session.requests += 1
             session.last_action = outcome.action
-            if record is not None:
-                session.record_capture(record)
         reported = msgspec.to_builtins(report)
         if not echo:
             reported.pop("messages_sent")
         return reported
 
     if isinstance(result, ErrorResponse):
+        capture_task.cancel()
         server.inbox.forget(capture_key)
         return JSONResponse(content=result.model_dump(), status_code=result.error.code)
     if not hasattr(result, "__aiter__"):

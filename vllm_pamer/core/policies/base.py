@@ -63,6 +63,10 @@ class MemoryPolicy(ABC):
     async def rewrite(self, request: PolicyRequest) -> PolicyDecision:
         """Return the messages to send for this request."""
 
+    async def on_vote(self, session_id: str, vote: HeadVote, memory: Any) -> None:
+        """Called when the vote of a session's request arrives (at its prefill,
+        before the response ends). Must return quickly; default: nothing."""
+
 
 class UnknownPolicy(ValueError):
     pass

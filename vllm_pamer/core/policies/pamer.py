@@ -73,6 +73,11 @@ class PamerConfig(PolicyConfig, frozen=True):
     embed_attempts: int = 8
     query_chars: int = 30_000
     """Recall query: task + R, limited to its final characters."""
+    summarize_ahead: bool = False
+    """Overlap mode: when request t's vote says compress (known at its prefill),
+    start summarizing the blocks that will be old at request t+1 while the agent
+    runs its tools; request t+1 commits that summary if it covers its old
+    blocks. Off: the paper's synchronous mode (summary written inside t+1)."""
 
 
 def serialize_messages(messages: Sequence[Message]) -> str:
@@ -161,6 +166,13 @@ def memory_message(memories: Sequence[Memory]) -> Message:
     return {"role": "user", "content": "\n\n".join(parts)}
 
 
+class _AheadSummary(msgspec.Struct):
+    """A summary started early for a session's expected next old blocks."""
+
+    blocks: list[Block]
+    task: Any  # asyncio.Task[tuple[str, np.ndarray]]
+
+
 class PamerContext(msgspec.Struct, frozen=True):
     """Per-server handles the controller works with (passed in PolicyRequest.memory)."""
 
@@ -173,6 +185,60 @@ class Pamer(MemoryPolicy):
     name = "pamer"
     config_cls = PamerConfig
     requires_heads = True
+    max_tracked_sessions = 10_000
+
+    def __init__(self, config: PamerConfig | None = None) -> None:
+        super().__init__(config)
+        # summarize_ahead state, per session: blocks expected to be old at the
+        # next request, and the summary started for them.
+        self._next_old: dict[str, tuple[list[Block], int]] = {}
+        self._ahead: dict[str, _AheadSummary] = {}
+
+    async def on_vote(self, session_id: str, vote, memory) -> None:
+        cfg: PamerConfig = self.config
+        candidate = self._next_old.pop(session_id, None)
+        if not cfg.summarize_ahead or memory is None or not vote.compress or candidate is None:
+            return
+        blocks, tokens = candidate
+        if tokens < cfg.min_candidate_tokens or session_id in self._ahead:
+            return
+        memory.store.log_event(session_id, "summary_ahead_started", {"blocks": len(blocks), "tokens": tokens})
+        task = asyncio.get_running_loop().create_task(self._summarize_and_embed(blocks, memory.services))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # never "exception never retrieved"
+        self._ahead[session_id] = _AheadSummary(blocks, task)
+        while len(self._ahead) > self.max_tracked_sessions:
+            self._ahead.pop(next(iter(self._ahead))).task.cancel()
+
+    async def _summarize_and_embed(self, blocks: list[Block], services) -> tuple[str, np.ndarray]:
+        cfg: PamerConfig = self.config
+        source = cap_head_and_tail(serialize_messages([m for b in blocks for m in b.messages]), cfg.summary_source_chars)
+        try:
+            summary = await with_retries(
+                lambda: services.summarize(source, cfg.summary_max_tokens),
+                cfg.summary_timeout_s, cfg.summary_attempts, "summary",
+            )
+            if not isinstance(summary, str) or not summary.strip():
+                raise RuntimeError("the summary came back empty")
+        except Exception as exc:
+            raise _StepFailure("summary_failure", str(exc)) from exc
+        try:
+            embedding = await with_retries(
+                lambda: services.embed(summary), cfg.embed_timeout_s, cfg.embed_attempts, "summary embedding"
+            )
+        except Exception as exc:
+            raise _StepFailure("embedding_failure", str(exc)) from exc
+        return summary.strip(), embedding
+
+    def _take_ahead(self, session: str, old: list[Block]) -> _AheadSummary | None:
+        """The early summary for this session if it covers a prefix of ``old``."""
+        ahead = self._ahead.pop(session, None)
+        if ahead is None:
+            return None
+        ids = [b.block_id for b in ahead.blocks]
+        if ids and ids == [b.block_id for b in old[: len(ids)]]:
+            return ahead
+        ahead.task.cancel()
+        return None
 
     async def rewrite(self, request: PolicyRequest) -> PolicyDecision:
         context: PamerContext | None = request.memory
@@ -200,6 +266,11 @@ class Pamer(MemoryPolicy):
         old, recent = live[:cut], live[cut:]
         old_messages = [m for b in old for m in b.messages]
         recent_messages = [m for b in recent for m in b.messages]
+
+        if cfg.summarize_ahead:
+            # If one block arrives, the next request's O is O + the oldest block of R.
+            next_old = live[: max(0, len(live) - cfg.retained_blocks + 1)]
+            self._remember_next_old(session, next_old, services)
 
         # 4. compression (deferred vote of the previous prefill)
         vote = request.previous_vote
@@ -230,30 +301,34 @@ class Pamer(MemoryPolicy):
         # Without memories no block is covered, so C_eff is the request itself.
         return PolicyDecision(original, "none", "; ".join(notes))
 
+    def _remember_next_old(self, session: str, blocks: list[Block], services) -> None:
+        self._next_old[session] = (blocks, services.count_tokens([m for b in blocks for m in b.messages]))
+        while len(self._next_old) > self.max_tracked_sessions:
+            self._next_old.pop(next(iter(self._next_old)))
+
     async def _compress(self, request, context, prefix, old: list[Block], recent_messages, original, old_tokens, notes):
         cfg: PamerConfig = self.config
         store, services = context.store, context.services
         session = request.session_id
-        source = cap_head_and_tail(serialize_messages([m for b in old for m in b.messages]), cfg.summary_source_chars)
-        store.log_event(session, "compression_started", {"blocks": len(old), "old_tokens": old_tokens})
-        try:
-            summary = await with_retries(
-                lambda: services.summarize(source, cfg.summary_max_tokens),
-                cfg.summary_timeout_s, cfg.summary_attempts, "summary",
-            )
-            if not isinstance(summary, str) or not summary.strip():
-                raise RuntimeError("the summary came back empty")
-        except Exception as exc:
-            store.log_event(session, "summary_failure", {"error": str(exc)})
-            return PolicyDecision(original, "fallback:summary_failure", str(exc))
-        try:
-            embedding = await with_retries(
-                lambda: services.embed(summary), cfg.embed_timeout_s, cfg.embed_attempts, "summary embedding"
-            )
-        except Exception as exc:
-            store.log_event(session, "embedding_failure", {"error": str(exc)})
-            return PolicyDecision(original, "fallback:embedding_failure", str(exc))
-        reduced = prefix + recent_messages
+        archived, kept_old = old, []
+        result = None
+        ahead = self._take_ahead(session, old) if cfg.summarize_ahead else None
+        if ahead is not None:
+            try:
+                result = await asyncio.wait_for(asyncio.shield(ahead.task), cfg.summary_timeout_s)
+                archived, kept_old = ahead.blocks, old[len(ahead.blocks):]
+                notes.append("summary written ahead")
+            except Exception as exc:  # fall back to the synchronous path below
+                store.log_event(session, "summary_ahead_failed", {"error": str(exc)})
+        if result is None:
+            store.log_event(session, "compression_started", {"blocks": len(old), "old_tokens": old_tokens})
+            try:
+                result = await self._summarize_and_embed(old, services)
+            except _StepFailure as failure:
+                store.log_event(session, failure.rule, {"error": failure.detail})
+                return PolicyDecision(original, f"fallback:{failure.rule}", failure.detail)
+        summary, embedding = result
+        reduced = prefix + [m for b in kept_old for m in b.messages] + recent_messages
         if services.count_tokens(reduced) >= services.count_tokens(original):
             return PolicyDecision(original, "none", "compression would not shrink the request")
         details = [
@@ -263,15 +338,21 @@ class Pamer(MemoryPolicy):
                 tool_names=tuple(c.get("function", {}).get("name", "") for c in block.assistant.get("tool_calls") or []),
                 chars=len(json.dumps(list(block.messages))),
             )
-            for index, block in enumerate(old)
+            for index, block in enumerate(archived)
         ]
         try:
-            memory_id = store.commit_memory(session, summary.strip(), embedding, services.embedder_name, old, details)
+            memory_id = store.commit_memory(session, summary, embedding, services.embedder_name, archived, details)
         except Exception as exc:  # storage precedes removal: nothing is removed
             store.log_event(session, "storage_failure", {"error": str(exc)})
             return PolicyDecision(original, "fallback:storage_failure", str(exc))
         store.log_event(
-            session, "compressed", {"memory_id": memory_id, "blocks": len(old), "old_tokens": old_tokens}
+            session, "compressed", {"memory_id": memory_id, "blocks": len(archived), "old_tokens": old_tokens}
         )
-        notes.append(f"archived {len(old)} blocks ({old_tokens} tokens) as memory {memory_id}")
+        notes.append(f"archived {len(archived)} blocks ({old_tokens} tokens) as memory {memory_id}")
         return PolicyDecision(reduced, "compressed", "; ".join(notes))
+
+
+class _StepFailure(Exception):
+    def __init__(self, rule: str, detail: str) -> None:
+        super().__init__(detail)
+        self.rule, self.detail = rule, detail
