@@ -5,10 +5,10 @@ from __future__ import annotations
 import gzip
 import json
 from collections.abc import Iterator
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
+DATA_DIR = Path(__file__).parent / "data" / "trajectories"
 SHIPPED = {
     "tau": "tau_airline_sample.jsonl.gz",
     "swe": "mini_swe_sample.jsonl.gz",
@@ -18,8 +18,7 @@ SHIPPED = {
 def load_trajectories(path: str | Path | None = None, kind: str = "tau") -> list[dict[str, Any]]:
     """Trajectories from a ``.jsonl[.gz]`` file, or the shipped sample of ``kind``."""
     if path is None:
-        source = resources.files("vllm_pamer") / "data" / "trajectories" / SHIPPED[kind]
-        raw = source.read_bytes()
+        raw = (DATA_DIR / SHIPPED[kind]).read_bytes()
     else:
         raw = Path(path).read_bytes()
     if raw[:2] == b"\x1f\x8b":
