@@ -254,3 +254,20 @@ def test_keep_vote_starts_nothing_ahead(store):
 
     asyncio.run(scenario())
     assert services.summaries == 0
+
+
+def test_no_summary_ahead_for_blocks_just_archived(store):
+    """After request t compressed, the next-old candidate is what stays live,
+    not the blocks that were just archived."""
+    services = Services()
+
+    async def scenario():
+        policy = create_policy("pamer", {"summarize_ahead": True})
+        context = PamerContext(store, services)
+        outcome = await rewrite_request(conversation(8), "s1", policy, COMPRESS, context)
+        assert outcome.action == "compressed"
+        await policy.on_vote("s1", COMPRESS, context)
+        await asyncio.sleep(0.05)
+
+    asyncio.run(scenario())
+    assert services.summaries == 1  # the synchronous one only

@@ -130,15 +130,13 @@ class PamerServer:
                     logger.exception("policy %s failed to act on a vote", policy.name)
         return record
 
-    def count_prompt_tokens(self, messages: list[dict]) -> int | None:
+    def count_prompt_tokens(self, messages: list[dict], template_kwargs: dict | None = None) -> int | None:
+        """Prompt tokens of a chat request, as the engine will count them."""
         try:
-            ids = self.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+            return len(self.services.chat_ids(messages, **(template_kwargs or {})))
         except Exception:
             logger.debug("token count failed", exc_info=True)
             return None
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-        return len(ids)
 
     def render(self, messages: list[dict]) -> list[dict]:
         return render_tools_as_text(messages) if self.tools_as_text else messages
@@ -190,9 +188,10 @@ async def _handle_chat(body: dict, raw_request: Request):
         detail=outcome.detail,
         messages_sent=outcome.messages if echo else None,
     )
-    report.prompt_tokens_out = await asyncio.to_thread(server.count_prompt_tokens, sent)
+    template_kwargs = body.get("chat_template_kwargs") if isinstance(body.get("chat_template_kwargs"), dict) else None
+    report.prompt_tokens_out = await asyncio.to_thread(server.count_prompt_tokens, sent, template_kwargs)
     report.prompt_tokens_in = (
-        await asyncio.to_thread(server.count_prompt_tokens, server.render(messages))
+        await asyncio.to_thread(server.count_prompt_tokens, server.render(messages), template_kwargs)
         if rewritten
         else report.prompt_tokens_out
     )

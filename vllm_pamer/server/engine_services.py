@@ -34,10 +34,10 @@ class EngineServices:
         self.capture_wait_s = capture_wait_s
 
     # -- token counting --------------------------------------------------------
-    def chat_ids(self, messages: Sequence[dict], add_generation_prompt: bool = True) -> list[int]:
-        kwargs = {"enable_thinking": False}  # ignored by templates without the switch
+    def chat_ids(self, messages: Sequence[dict], add_generation_prompt: bool = True, **template_kwargs) -> list[int]:
+        """Token ids of ``messages`` through the served chat template."""
         ids = self.tokenizer.apply_chat_template(
-            list(messages), tokenize=True, add_generation_prompt=add_generation_prompt, **kwargs
+            list(messages), tokenize=True, add_generation_prompt=add_generation_prompt, **template_kwargs
         )
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]
@@ -64,12 +64,14 @@ class EngineServices:
     async def summarize(self, source: str, max_tokens: int) -> str:
         max_tokens = min(max_tokens, self.max_model_len // 4)
         budget = self.max_model_len - max_tokens - 8
-        ids = self.chat_ids(summary_prompt(source))
+        # enable_thinking: the paper writes summaries with thinking off; templates
+        # without the switch ignore it.
+        ids = self.chat_ids(summary_prompt(source), enable_thinking=False)
         for _ in range(4):  # shrink from the middle until it fits
             if len(ids) <= budget:
                 break
             source = cap_head_and_tail(source, int(len(source) * budget / len(ids) * 0.9))
-            ids = self.chat_ids(summary_prompt(source))
+            ids = self.chat_ids(summary_prompt(source), enable_thinking=False)
         else:
             raise RuntimeError(f"summary prompt of {len(ids)} tokens does not fit {budget}")
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, extra_args={SESSION_KEY: ""})

@@ -200,8 +200,14 @@ class Pamer(MemoryPolicy):
         if not cfg.summarize_ahead or memory is None or not vote.compress or candidate is None:
             return
         blocks, tokens = candidate
-        if tokens < cfg.min_candidate_tokens or session_id in self._ahead:
+        if tokens < cfg.min_candidate_tokens:
             return
+        running = self._ahead.pop(session_id, None)
+        if running is not None:
+            if [b.block_id for b in running.blocks] == [b.block_id for b in blocks]:
+                self._ahead[session_id] = running  # already summarizing exactly these
+                return
+            running.task.cancel()  # stale: the session moved on
         memory.store.log_event(session_id, "summary_ahead_started", {"blocks": len(blocks), "tokens": tokens})
         task = asyncio.get_running_loop().create_task(self._summarize_and_embed(blocks, memory.services))
         task.add_done_callback(lambda t: t.cancelled() or t.exception())  # never "exception never retrieved"
@@ -268,9 +274,7 @@ class Pamer(MemoryPolicy):
         recent_messages = [m for b in recent for m in b.messages]
 
         if cfg.summarize_ahead:
-            # If one block arrives, the next request's O is O + the oldest block of R.
-            next_old = live[: max(0, len(live) - cfg.retained_blocks + 1)]
-            self._remember_next_old(session, next_old, services)
+            self._remember_next_old(session, live, services)
 
         # 4. compression (deferred vote of the previous prefill)
         vote = request.previous_vote
@@ -280,7 +284,12 @@ class Pamer(MemoryPolicy):
                 notes.append("no vote captured (probe failure): compression skipped")
                 store.log_event(session, "probe_missing", {"old_tokens": old_tokens})
             elif vote.compress:
-                return await self._compress(request, context, prefix, old, recent_messages, original, old_tokens, notes)
+                decision, still_live = await self._compress(
+                    request, context, prefix, old, recent, original, old_tokens, notes
+                )
+                if cfg.summarize_ahead:
+                    self._remember_next_old(session, still_live, services)
+                return decision
 
         # 5. recall
         if loaded.memories:
@@ -301,13 +310,19 @@ class Pamer(MemoryPolicy):
         # Without memories no block is covered, so C_eff is the request itself.
         return PolicyDecision(original, "none", "; ".join(notes))
 
-    def _remember_next_old(self, session: str, blocks: list[Block], services) -> None:
+    def _remember_next_old(self, session: str, live: list[Block], services) -> None:
+        """If one block arrives, the next request's O is the live blocks but the
+        newest ``retained_blocks - 1``: the candidate a summary may start on."""
+        blocks = live[: max(0, len(live) - self.config.retained_blocks + 1)]
         self._next_old[session] = (blocks, services.count_tokens([m for b in blocks for m in b.messages]))
         while len(self._next_old) > self.max_tracked_sessions:
             self._next_old.pop(next(iter(self._next_old)))
 
-    async def _compress(self, request, context, prefix, old: list[Block], recent_messages, original, old_tokens, notes):
+    async def _compress(self, request, context, prefix, old: list[Block], recent: list[Block], original, old_tokens, notes):
+        """The compression transaction. Returns the decision and the blocks
+        still live (raw in the request) afterwards."""
         cfg: PamerConfig = self.config
+        recent_messages = [m for b in recent for m in b.messages]
         store, services = context.store, context.services
         session = request.session_id
         archived, kept_old = old, []
@@ -326,11 +341,11 @@ class Pamer(MemoryPolicy):
                 result = await self._summarize_and_embed(old, services)
             except _StepFailure as failure:
                 store.log_event(session, failure.rule, {"error": failure.detail})
-                return PolicyDecision(original, f"fallback:{failure.rule}", failure.detail)
+                return PolicyDecision(original, f"fallback:{failure.rule}", failure.detail), old + recent
         summary, embedding = result
         reduced = prefix + [m for b in kept_old for m in b.messages] + recent_messages
         if services.count_tokens(reduced) >= services.count_tokens(original):
-            return PolicyDecision(original, "none", "compression would not shrink the request")
+            return PolicyDecision(original, "none", "compression would not shrink the request"), old + recent
         details = [
             StepDetail(
                 step=index,
@@ -344,12 +359,12 @@ class Pamer(MemoryPolicy):
             memory_id = store.commit_memory(session, summary, embedding, services.embedder_name, archived, details)
         except Exception as exc:  # storage precedes removal: nothing is removed
             store.log_event(session, "storage_failure", {"error": str(exc)})
-            return PolicyDecision(original, "fallback:storage_failure", str(exc))
+            return PolicyDecision(original, "fallback:storage_failure", str(exc)), old + recent
         store.log_event(
             session, "compressed", {"memory_id": memory_id, "blocks": len(archived), "old_tokens": old_tokens}
         )
         notes.append(f"archived {len(archived)} blocks ({old_tokens} tokens) as memory {memory_id}")
-        return PolicyDecision(reduced, "compressed", "; ".join(notes))
+        return PolicyDecision(reduced, "compressed", "; ".join(notes)), kept_old + recent
 
 
 class _StepFailure(Exception):
