@@ -4,6 +4,7 @@
   vllm-pamer prepare-model            convert the embedded default model (once)
   vllm-pamer make-heads --out PATH    write random (untrained) heads for a model
   vllm-pamer demo                     serve the default model and replay a trajectory
+  vllm-pamer annotate --out PATH [--data PATH ...]   label decision points (recall/compression)
 """
 
 from __future__ import annotations
@@ -143,6 +144,10 @@ def main(argv: list[str] | None = None) -> None:
         from vllm_pamer.demo import main as demo_main
 
         return demo_main(argv[1:])
+    if argv and argv[0] == "annotate":
+        from vllm_pamer.training.annotate import main as annotate_main
+
+        return annotate_main(argv[1:])
     if not argv or argv[0] not in commands:
         print(__doc__)
         sys.exit(0 if argv and argv[0] in ("-h", "--help") else 2)
