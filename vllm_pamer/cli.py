@@ -52,11 +52,13 @@ def cmd_serve(argv: list[str]) -> None:
     parser.add_argument("--pamer-policy", default=None)
     parser.add_argument("--pamer-policy-options", default=None, help="JSON object of policy options")
     parser.add_argument("--pamer-heads", default=None, help="heads file (safetensors)")
+    parser.add_argument("--pamer-embedder", default=None, help="served (default) or minilm")
     parser.add_argument("--pamer-no-capture", action="store_true")
     ours, rest = parser.parse_known_args(argv)
     if "-h" in rest or "--help" in rest:
         print(__doc__)
-        print("Plugin flags: --pamer-policy NAME, --pamer-policy-options JSON, --pamer-heads PATH, --pamer-no-capture")
+        print("Plugin flags: --pamer-policy NAME, --pamer-policy-options JSON, --pamer-heads PATH, "
+              "--pamer-embedder served|minilm, --pamer-no-capture")
         print("Every other flag is vLLM's (vllm serve --help).\n")
     model = rest.pop(0) if rest and not rest[0].startswith("-") else None
     if model is None:
@@ -77,6 +79,8 @@ def cmd_serve(argv: list[str]) -> None:
         overrides["policy_options"] = json.loads(ours.pamer_policy_options)
     if ours.pamer_heads:
         overrides["heads"] = str(Path(ours.pamer_heads).resolve())
+    if ours.pamer_embedder:
+        overrides["embedder"] = ours.pamer_embedder
     if ours.pamer_no_capture:
         overrides["capture"] = False
     import msgspec
@@ -93,7 +97,11 @@ def cmd_serve(argv: list[str]) -> None:
                 f"policy {config.default_policy!r} needs heads trained for {model}; pass --pamer-heads "
                 "(or pick a policy that needs none: none, recent_k)"
             )
-    except (UnknownPolicy, HeadsMismatch, ValueError, FileNotFoundError) as exc:
+        if config.embedder != "served":
+            from vllm_pamer.embedders import make_embedder
+
+            make_embedder(config.embedder, check=True)
+    except (UnknownPolicy, HeadsMismatch, ValueError, FileNotFoundError, RuntimeError) as exc:
         sys.exit(f"vllm-pamer: {exc}")
 
     os.environ.update(config.to_env())

@@ -28,6 +28,9 @@ class PamerConfig(msgspec.Struct, frozen=True, kw_only=True):
     capture_wait_s: float = 2.0
     """How long a finished response waits for its capture record before it is
     reported as not captured (``PAMER_CAPTURE_WAIT_S``)."""
+    embedder: str = "served"
+    """Memory embedder (``PAMER_EMBEDDER``): ``served`` (the served model's own
+    final-norm state) or ``minilm`` (all-MiniLM-L6-v2 on the CPU)."""
     store: str | None = None
     """SQLite file of the session memories (``PAMER_STORE``; default
     ``<PAMER_CACHE>/memory.sqlite3``)."""

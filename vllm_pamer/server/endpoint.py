@@ -37,6 +37,7 @@ from vllm_pamer.core.memory_store import MemoryStore
 from vllm_pamer.core.policies.pamer import PamerContext
 from vllm_pamer.core.render import render_tools_as_text, template_supports_tools
 from vllm_pamer.default_model import cache_root
+from vllm_pamer.embedders import DEFAULT_EMBEDDER, make_embedder
 from vllm_pamer.server.engine_services import EngineServices
 from vllm_pamer.server import metrics
 from vllm_pamer.server.sessions import SessionRegistry, SessionState
@@ -102,7 +103,10 @@ class PamerServer:
         model_config = engine_client.model_config
         store_path = config.store or str(cache_root() / "memory.sqlite3")
         self.store = MemoryStore(store_path, model_fingerprint=str(model_config.served_model_name or model_config.model))
-        self.services = EngineServices(engine_client, tokenizer, self.inbox, model_config.max_model_len)
+        embedder = None
+        if config.embedder != DEFAULT_EMBEDDER:
+            embedder = make_embedder(config.embedder, check=True).load()  # load now, not on a request
+        self.services = EngineServices(engine_client, tokenizer, self.inbox, model_config.max_model_len, embedder=embedder)
         self.memory = PamerContext(self.store, self.services)
 
     def policy(self, name: str, options: dict | None = None) -> MemoryPolicy:

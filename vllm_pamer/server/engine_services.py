@@ -26,7 +26,12 @@ class EngineServices:
     embedder_name = "served-model-state"
 
     def __init__(self, engine_client: Any, tokenizer: Any, inbox: CaptureInbox, max_model_len: int,
-                 capture_wait_s: float = 10.0) -> None:
+                 capture_wait_s: float = 10.0, embedder: Any = None) -> None:
+        """``embedder``: an ``vllm_pamer.embedders.Embedder`` used instead of the
+        served model's state (None: the served model)."""
+        self.embedder = embedder
+        if embedder is not None:
+            self.embedder_name = embedder.name
         self.engine_client = engine_client
         self.tokenizer = tokenizer
         self.inbox = inbox
@@ -78,6 +83,8 @@ class EngineServices:
         return (await self._run(ids, params, "summary")).strip()
 
     async def embed(self, text: str) -> np.ndarray:
+        if self.embedder is not None:
+            return await self.embedder.embed(text)
         ids = self.tokenizer.encode(text, add_special_tokens=False)[-(self.max_model_len - 2):] or [0]
         key = uuid.uuid4().hex
         params = SamplingParams(temperature=0.0, max_tokens=1, extra_args={CAPTURE_KEY: key, SESSION_KEY: ""})

