@@ -1,6 +1,35 @@
 """Fused kernels of vllm-pamer, each with a torch reference that is the CPU path
-and the test oracle. Callers use the dispatching functions exported here."""
+and the test oracle. Callers use the dispatching functions exported here
+(``five_head_vote``, ``cosine_topk``): CUDA tensors run the Triton kernels,
+CPU tensors the torch references. The ``*_triton`` launchers run the Triton
+kernels directly (on CPU tensors only under TRITON_INTERPRET=1, set before
+triton is imported); triton itself is imported on first use, never here."""
 
-from kernels.five_head_vote import five_head_vote, five_head_vote_reference
+from __future__ import annotations
 
-__all__ = ["five_head_vote", "five_head_vote_reference"]
+import functools
+
+from kernels.cosine_topk import MAX_K, cosine_topk, cosine_topk_reference, cosine_topk_triton
+from kernels.five_head_vote import five_head_vote, five_head_vote_reference, five_head_vote_triton
+
+
+@functools.lru_cache(maxsize=None)
+def triton_available() -> bool:
+    """Whether triton imports; without it CUDA tensors fall back to torch."""
+    try:
+        import triton  # noqa: F401
+    except Exception:  # not installed, or a broken install
+        return False
+    return True
+
+
+__all__ = [
+    "MAX_K",
+    "cosine_topk",
+    "cosine_topk_reference",
+    "cosine_topk_triton",
+    "five_head_vote",
+    "five_head_vote_reference",
+    "five_head_vote_triton",
+    "triton_available",
+]

@@ -1,0 +1,73 @@
+"""five_head_vote on the torch path (the CPU path and the oracle of the Triton
+kernel) against the float64 numpy oracle, dispatch, and (with a GPU) the
+Triton kernel on CUDA. The Triton kernel on CPU is in interp_five_head_vote.py."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from kernels import five_head_vote, five_head_vote_reference
+from tests.kernels.oracles import check_vote, vote_problem
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@pytest.mark.parametrize("x_dtype", DTYPES)
+@pytest.mark.parametrize("d", [576, 4096])
+@pytest.mark.parametrize("batch", [1, 7, 64])
+def test_reference_matches_float64(batch, d, x_dtype):
+    args, logits64 = vote_problem(batch, d, x_dtype=DTYPES[x_dtype], seed=batch * 7919 + d)
+    for min_votes in (1, 3, 5):
+        assert check_vote(five_head_vote_reference(*args, min_votes), logits64, args[5], min_votes) >= batch // 2
+
+
+def test_reference_large_batch_and_float64():
+    args, logits64 = vote_problem(1024, 576, seed=1)
+    check_vote(five_head_vote_reference(*args, 3), logits64, args[5], 3)
+    logits, votes, _ = five_head_vote_reference(*(t.double() for t in args), 3)
+    assert logits.dtype == torch.float64
+    torch.testing.assert_close(logits, torch.from_numpy(logits64), rtol=1e-12, atol=1e-12)
+
+
+def test_dispatch_on_cpu_is_the_reference():
+    args, _ = vote_problem(7, 576, x_dtype=torch.bfloat16, seed=2)
+    for got, want in zip(five_head_vote(*args, min_votes=2), five_head_vote_reference(*args, min_votes=2)):
+        assert torch.equal(got, want)
+
+
+def test_cpu_paths_never_import_triton():
+    """CPU-only installs (the vLLM CPU worker) must not pay for triton."""
+    code = (
+        "import sys, torch, kernels\n"
+        "x = torch.randn(3, 64); w1 = torch.randn(5, 64, 256)\n"
+        "kernels.five_head_vote(x, w1, torch.randn(5, 256), torch.randn(5, 256), torch.randn(5), torch.zeros(5))\n"
+        "kernels.cosine_topk(torch.randn(2, 64), torch.tensor([1, 2]), torch.randn(9, 64), torch.ones(9).long(), 3)\n"
+        "assert 'triton' not in sys.modules, 'triton imported'\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@cuda
+@pytest.mark.parametrize("x_dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("batch", [1, 7, 64, 128, 1024])
+def test_cuda_dispatch_uses_triton_and_matches(batch, x_dtype, monkeypatch):
+    import kernels.five_head_vote as module
+
+    calls = []
+    launch = module.five_head_vote_triton
+    monkeypatch.setattr(module, "five_head_vote_triton", lambda *a, **k: calls.append(1) or launch(*a, **k))
+    args, logits64 = vote_problem(batch, 4096, x_dtype=DTYPES[x_dtype], seed=batch)
+    got = five_head_vote(*[t.cuda() for t in args], min_votes=3)
+    assert calls and got[0].is_cuda
+    check_vote(got, logits64, args[5], 3)
+    # bf16 rows and heads: the tensor-core path
+    args16, logits16 = vote_problem(batch, 4096, x_dtype=torch.bfloat16, w_dtype=torch.bfloat16, seed=batch)
+    check_vote(five_head_vote(*[t.cuda() for t in args16], min_votes=3), logits16, args16[5], 3)
