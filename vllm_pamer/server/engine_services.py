@@ -20,6 +20,7 @@ from vllm import SamplingParams
 
 from vllm_pamer.channel import CAPTURE_KEY, SESSION_KEY, CaptureInbox
 from vllm_pamer.core.policies.pamer import cap_head_and_tail, summary_prompt
+from vllm_pamer.engine.memory_index import MemoryIndex
 
 
 class EngineServices:
@@ -32,6 +33,7 @@ class EngineServices:
         self.embedder = embedder
         if embedder is not None:
             self.embedder_name = embedder.name
+        self.index = MemoryIndex()
         self.engine_client = engine_client
         self.tokenizer = tokenizer
         self.inbox = inbox
@@ -81,6 +83,10 @@ class EngineServices:
             raise RuntimeError(f"summary prompt of {len(ids)} tokens does not fit {budget}")
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, extra_args={SESSION_KEY: ""})
         return (await self._run(ids, params, "summary")).strip()
+
+    def top_k(self, session: str, query: np.ndarray, memories, k: int):
+        """Recall search on the device-resident memory matrix (kernels.cosine_topk)."""
+        return self.index.top_k(session, query, memories, k)
 
     async def embed(self, text: str) -> np.ndarray:
         if self.embedder is not None:

@@ -301,7 +301,11 @@ class Pamer(MemoryPolicy):
                 # Embeddings of another embedder are not comparable: those
                 # memories still cover their blocks but are not searched.
                 searchable = [m for m in loaded.memories if m.embedder == services.embedder_name]
-                chosen = cosine_top_k(query, searchable, cfg.top_k)
+                search = getattr(services, "top_k", None)  # the server's device-resident index
+                if search is not None:
+                    chosen = search(session, query, searchable, cfg.top_k)
+                else:
+                    chosen = cosine_top_k(query, searchable, cfg.top_k)
             except Exception as exc:  # recall failure: the original request, not a partial one
                 store.log_event(session, "recall_failure", {"error": str(exc)})
                 return PolicyDecision(original, "fallback:recall_failure", str(exc))
