@@ -37,3 +37,15 @@ def test_follows_the_store():
     assert a[2].id not in [m.id for m in index.top_k("a", query, remaining, 6)]
     index.drop_session("a")
     assert [m.id for m in index.top_k("a", query, a, 1)] == [a[2].id]  # rebuilt from the store
+
+
+def test_evicted_sessions_free_their_rows():
+    from vllm_pamer.server.sessions import SessionRegistry
+
+    index = MemoryIndex(device="cpu")
+    registry = SessionRegistry(max_sessions=2, on_evict=index.drop_session)
+    for session in ("a", "b", "c"):
+        registry.touch(session)
+        index.sync(session, memories(session, 3, 8, seed=ord(session)))
+    assert registry.get("a") is None
+    assert sum(len(m) for m in index._matrices.values()) == 6  # a's 3 rows freed

@@ -108,6 +108,7 @@ class PamerServer:
             embedder = make_embedder(config.embedder, check=True).load()  # load now, not on a request
         self.services = EngineServices(engine_client, tokenizer, self.inbox, model_config.max_model_len, embedder=embedder)
         self.memory = PamerContext(self.store, self.services)
+        self.sessions.on_evict = self.services.index.drop_session
 
     def policy(self, name: str, options: dict | None = None) -> MemoryPolicy:
         """The policy instance for ``name`` (created once; raises UnknownPolicy)."""

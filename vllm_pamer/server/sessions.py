@@ -52,8 +52,11 @@ class SessionState(msgspec.Struct):
 
 
 class SessionRegistry:
-    def __init__(self, max_sessions: int = 100_000) -> None:
+    def __init__(self, max_sessions: int = 100_000, on_evict=None) -> None:
+        """``on_evict(session_id)`` runs when a session leaves the registry
+        (least recently used first), e.g. to free its device-resident rows."""
         self.max_sessions = max_sessions
+        self.on_evict = on_evict
         self._sessions: OrderedDict[str, SessionState] = OrderedDict()
 
     def get(self, session_id: str) -> SessionState | None:
@@ -64,7 +67,9 @@ class SessionRegistry:
         state.last_seen = time.time()
         self._sessions[session_id] = state
         while len(self._sessions) > self.max_sessions:
-            self._sessions.popitem(last=False)
+            evicted, _ = self._sessions.popitem(last=False)
+            if self.on_evict is not None:
+                self.on_evict(evicted)
         return state
 
     def __len__(self) -> int:
