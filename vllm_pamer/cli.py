@@ -5,6 +5,8 @@
   vllm-pamer make-heads --out PATH    write random (untrained) heads for a model
   vllm-pamer demo                     serve the default model and replay a trajectory
   vllm-pamer annotate --out PATH [--data PATH ...]   label decision points (recall/compression)
+  vllm-pamer train --states DIR --out PATH [--report DIR] [--target compression|recall]
+                   [--head mlp|linear] [--export full|student] [--texts JSONL | --trajectories PATH ...]
 """
 
 from __future__ import annotations
@@ -156,6 +158,10 @@ def main(argv: list[str] | None = None) -> None:
         from vllm_pamer.training.annotate import main as annotate_main
 
         return annotate_main(argv[1:])
+    if argv and argv[0] == "train":
+        from vllm_pamer.training.train import main as train_main
+
+        return train_main(argv[1:])
     if not argv or argv[0] not in commands:
         print(__doc__)
         sys.exit(0 if argv and argv[0] in ("-h", "--help") else 2)
