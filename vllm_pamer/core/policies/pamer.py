@@ -132,13 +132,11 @@ async def with_retries(
     make_call: Callable[[], Awaitable[T]], timeout_s: float, attempts: int, what: str
 ) -> T:
     """Run ``make_call`` up to ``attempts`` times, each bounded by ``timeout_s``."""
-    last: BaseException | None = None
+    last: Exception | None = None
     for _ in range(max(1, attempts)):
         try:
             return await asyncio.wait_for(make_call(), timeout_s)
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:  # noqa: BLE001 - every failure is a retry
+        except Exception as exc:  # every failure, timeouts included, is a retry
             last = exc
     raise RuntimeError(f"{what} failed after {attempts} attempts: {type(last).__name__}: {last}")
 
