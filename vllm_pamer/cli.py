@@ -5,6 +5,7 @@
   vllm-pamer make-heads --out PATH    write random (untrained) heads for a model
   vllm-pamer demo                     serve the default model and replay a trajectory
   vllm-pamer annotate --out PATH [--data PATH ...]   label decision points (recall/compression)
+  vllm-pamer extract --labels PATH --out DIR [--data PATH ...] [--limit N]   states on the engine
   vllm-pamer train --states DIR --out PATH [--report DIR] [--target compression|recall]
                    [--head mlp|linear] [--export full|student] [--texts JSONL | --trajectories PATH ...]
 """
@@ -158,6 +159,10 @@ def main(argv: list[str] | None = None) -> None:
         from vllm_pamer.training.annotate import main as annotate_main
 
         return annotate_main(argv[1:])
+    if argv and argv[0] == "extract":
+        from vllm_pamer.training.extract import main as extract_main
+
+        return extract_main(argv[1:])
     if argv and argv[0] == "train":
         from vllm_pamer.training.train import main as train_main
 

@@ -1,0 +1,200 @@
+"""``vllm-pamer extract`` on a real vLLM engine (tiny random Llama): the states
+of the full context and of Recent2 (P + R_t) for real decision points equal
+HF transformers' final-norm last-token states of the same token ids; cut
+prompts keep their first tokens and the most recent rest; a second run resumes
+(no work, same data); the metadata carries the annotation's labels."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import numpy as np
+import pytest
+import torch
+
+from tests.engine.tiny_models import build_tiny_model, hf_last_token_states
+from vllm_pamer.core.render import render_tools_as_text
+from vllm_pamer.trajectories import load_trajectories
+from vllm_pamer.training.annotate import annotate_trajectory, char_counter
+from vllm_pamer.training.extract import (
+    CaptureEngine,
+    ChatPrompter,
+    ExtractError,
+    extract,
+    join_points,
+    load_data,
+    load_labels,
+    load_states,
+    select_points,
+    token_limit,
+    truncate_ids,
+)
+
+pytestmark = pytest.mark.engine
+
+MAX_MODEL_LEN = 2048  # the tiny model's window: early points fit, later ones are cut
+STEPS = 6  # first decision points of each trajectory
+SHARD = 5  # 12 points -> shards of 5, 5, 2
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory, tokenizer_dir):
+    root = tmp_path_factory.mktemp("extract-engine")
+    model_dir = build_tiny_model("llama", root / "model", tokenizer_dir)
+    live = CaptureEngine(
+        model_dir, max_model_len=MAX_MODEL_LEN, dtype="float32", gpu_memory_utilization=0.15, max_num_seqs=16
+    )
+    try:
+        yield live, model_dir
+    finally:
+        live.close()  # shut the engine down now, not at interpreter exit
+
+
+@pytest.fixture(scope="module")
+def labelled(tmp_path_factory):
+    """Two shipped trajectories (one tau, one swe) and the labels of their
+    first decision points, as files."""
+    root = tmp_path_factory.mktemp("extract-data")
+    trajectories = [load_trajectories(None, "tau")[0], load_trajectories(None, "swe")[0]]
+    data = root / "data.jsonl"
+    data.write_text("".join(json.dumps(t) + "\n" for t in trajectories))
+    points = [p for t in trajectories for p in annotate_trajectory(t, char_counter) if p.step < STEPS]
+    labels = root / "labels.jsonl"
+    labels.write_bytes(b"".join(msgspec.json.encode(p) + b"\n" for p in points))
+    return data, labels, trajectories, points
+
+
+def _prompter(model_dir, keep_head):
+    from transformers import AutoTokenizer
+
+    return ChatPrompter(AutoTokenizer.from_pretrained(model_dir), token_limit(MAX_MODEL_LEN), keep_head)
+
+
+def _expected_ids(tokenizer, messages, keep_head):
+    """What the engine must see, computed independently of the extractor."""
+    ids = tokenizer.apply_chat_template(render_tools_as_text(messages), tokenize=True, add_generation_prompt=True)
+    ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    limit = MAX_MODEL_LEN - 1
+    if len(ids) <= limit:
+        return ids, len(ids), False
+    head = min(keep_head, limit // 2)  # 2048 is scaled down to the small window
+    return ids[:head] + ids[len(ids) - (limit - head):], len(ids), True
+
+
+def _cosines(states: np.ndarray, reference: torch.Tensor) -> np.ndarray:
+    ours = torch.from_numpy(states)
+    return torch.nn.functional.cosine_similarity(ours, reference, dim=1).numpy()
+
+
+def test_truncate_ids_keeps_head_and_most_recent():
+    ids = list(range(100))
+    assert truncate_ids(ids, 100, 10) == (ids, False)
+    kept, cut = truncate_ids(ids, 30, 10)
+    assert cut and kept == list(range(10)) + list(range(80, 100))
+    kept, _ = truncate_ids(ids, 30, 2048)  # head scaled to half the limit
+    assert kept == list(range(15)) + list(range(85, 100))
+    assert token_limit(8192) == 8191 and token_limit(131072) == 35000
+
+
+@pytest.mark.parametrize("keep_head", [64, 2048])
+def test_states_match_hf_with_truncation(engine, labelled, tmp_path, keep_head):
+    live, model_dir = engine
+    data, labels, trajectories, annotated = labelled
+    prompter = _prompter(model_dir, keep_head)
+    points = join_points(load_labels(labels), load_data([data]))
+    assert [p.key for p in points] == [(a.trajectory_id, a.message_index) for a in annotated]
+
+    result = extract(points, tmp_path / "out", prompter, live, shard_size=SHARD, progress=False)
+    assert (result.computed_shards, result.skipped_shards, result.computed_points) == (3, 0, 12)
+    full, recent2, meta = load_states(tmp_path / "out")
+    d = 128
+    assert full.shape == recent2.shape == (12, d) and full.dtype == recent2.dtype == np.float32
+
+    by_id = {t["id"]: t for t in trajectories}
+    tokenizer = prompter.tokenizer
+    prompts, kinds = [], []
+    for point, row in zip(annotated, meta):
+        messages = by_id[point.trajectory_id]["messages"]
+        ctx = next(p for p in points if p.key == (point.trajectory_id, point.message_index)).context
+        full_ids, full_total, full_cut = _expected_ids(tokenizer, messages[: point.message_index], keep_head)
+        recent_messages = messages[: ctx.prefix_end] + messages[ctx.old_end : point.message_index]
+        recent_ids, recent_total, recent_cut = _expected_ids(tokenizer, recent_messages, keep_head)
+        assert (row["full_tokens"], row["context_tokens"], row["truncated"]) == (len(full_ids), full_total, full_cut)
+        assert (row["recent2_tokens"], row["recent2_context_tokens"], row["recent2_truncated"]) == (
+            len(recent_ids), recent_total, recent_cut
+        )
+        # the annotation's labels and context travel with the row
+        assert row["trajectory_id"] == point.trajectory_id and row["message_index"] == point.message_index
+        for name in ("source", "step", "turn", "last_tool", "recall", "compression", "n_old_blocks"):
+            assert row[name] == getattr(point, name), name
+        prompts += [full_ids, recent_ids]
+        kinds += [full_cut, recent_cut]
+    assert any(kinds) and not all(kinds), "both cut and whole prompts are exercised"
+    # Recent2 drops the old blocks once there are any
+    assert any(r["recent2_context_tokens"] < r["context_tokens"] for r in meta)
+
+    reference = hf_last_token_states(model_dir, prompts)
+    cos_full = _cosines(full, reference[0::2])
+    cos_recent = _cosines(recent2, reference[1::2])
+    assert cos_full.min() >= 0.999, cos_full
+    assert cos_recent.min() >= 0.999, cos_recent
+
+
+def test_resume_and_settings_guard(engine, labelled, tmp_path):
+    live, model_dir = engine
+    data, labels, _, annotated = labelled
+    prompter = _prompter(model_dir, 64)
+    points = join_points(load_labels(labels), load_data([data]))
+    out = tmp_path / "out"
+    first = extract(points, out, prompter, live, shard_size=SHARD, settings={"dtype": "float32"}, progress=False)
+    assert first.computed_shards == 3
+    full, recent2, meta = load_states(out)
+
+    def no_engine():
+        raise AssertionError("a complete run must not start an engine")
+
+    again = extract(points, out, prompter, no_engine, shard_size=SHARD, settings={"dtype": "float32"}, progress=False)
+    assert (again.computed_shards, again.skipped_shards, again.computed_points) == (0, 3, 0)
+    full2, recent2_2, meta2 = load_states(out)
+    assert np.array_equal(full, full2) and np.array_equal(recent2, recent2_2) and meta == meta2
+
+    # a shard that did not finish (no JSON lines yet) is redone, the others kept
+    (out / "states-00001.jsonl").unlink()
+    with pytest.raises(ExtractError, match="missing"):
+        load_states(out)
+    assert len(load_states(out, allow_partial=True)[2]) == 7
+    resumed = extract(points, out, prompter, live, shard_size=SHARD, settings={"dtype": "float32"}, progress=False)
+    assert (resumed.computed_shards, resumed.skipped_shards) == (1, 2)
+    full3, recent2_3, meta3 = load_states(out)
+    assert meta3 == meta
+    assert np.allclose(full3, full, atol=1e-4) and np.allclose(recent2_3, recent2, atol=1e-4)
+
+    # another selection or other settings never mix into this directory
+    with pytest.raises(ExtractError, match="other settings"):
+        extract(points[:4], out, prompter, no_engine, shard_size=SHARD, settings={"dtype": "float32"}, progress=False)
+    with pytest.raises(ExtractError, match="other settings"):
+        extract(points, out, _prompter(model_dir, 128), no_engine, shard_size=SHARD,
+                settings={"dtype": "float32"}, progress=False)
+
+
+def test_selection_is_deterministic(labelled):
+    data, labels, _, _ = labelled
+    points = join_points(load_labels(labels), load_data([data]))
+    a = select_points(points, subsample=5, seed=3)
+    assert [p.key for p in a] == [p.key for p in select_points(points, subsample=5, seed=3)]
+    assert len(a) == 5 and a == sorted(a, key=points.index)
+    assert len(select_points(points, subsample=0.5, seed=3)) == 6
+    assert [p.key for p in select_points(points, limit=4)] == [p.key for p in points[:4]]
+
+
+def test_labels_must_match_the_data(labelled, tmp_path):
+    data, labels, trajectories, annotated = labelled
+    with pytest.raises(ExtractError, match="not in the data"):
+        join_points(load_labels(labels), load_data([data])[:1])
+    # labels of another n_recent do not fit this split
+    with pytest.raises(ExtractError, match="n-recent"):
+        join_points(
+            [p for t in trajectories for p in annotate_trajectory(t, char_counter, n_recent=1)],
+            trajectories, n_recent=2,
+        )
