@@ -111,19 +111,13 @@ def test_one_capture_per_request_matching_hf(tiny_llama):
     keys = _generate(llm, prompts)
     records = collector.drain(expect=len(prompts))
 
-    by_key = {}
-    for record in records:
-        assert record.key not in by_key, "a request was captured twice"
-        by_key[record.key] = record
-    assert set(by_key) == set(keys), "every request is captured exactly once, decode steps never"
+    _check_states(records, keys, prompts, model_dir)  # once per request, equal to HF's state
 
-    reference = hf_last_token_states(model_dir, prompts)
-    for key, prompt, expected in zip(keys, prompts, reference):
+    by_key = {r.key: r for r in records}
+    for key, prompt in zip(keys, prompts):
         record = by_key[key]
         assert record.num_prompt_tokens == len(prompt)
         state = torch.from_numpy(record.hidden_state().copy())
-        cosine = torch.nn.functional.cosine_similarity(state, expected, dim=0).item()
-        assert cosine >= 0.999, f"prompt of {len(prompt)} tokens: cosine {cosine:.5f}"
         # the heads ran on that state in the worker
         tensors = [torch.from_numpy(getattr(heads, n)) for n in ("w1", "b1", "w2", "b2", "thresholds")]
         logits, votes, decision = five_head_vote_reference(state[None], *tensors, min_votes=heads.min_votes)
@@ -155,8 +149,11 @@ def test_prefix_cache_hit_still_captured(tiny_llama):
 
 
 def _check_states(records, keys, prompts, model_dir):
+    """Exactly one record per request (decode steps never), each equal to HF
+    transformers' final-norm last-token state."""
     by_key = {r.key: r for r in records}
-    assert len(by_key) == len(records) and set(by_key) == set(keys)
+    assert len(by_key) == len(records), "a request was captured twice"
+    assert set(by_key) == set(keys), "every request is captured exactly once"
     reference = hf_last_token_states(model_dir, prompts)
     for key, prompt, expected in zip(keys, prompts, reference):
         state = torch.from_numpy(by_key[key].hidden_state().copy())
