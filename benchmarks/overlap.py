@@ -24,11 +24,9 @@ from vllm_pamer.trajectories import agent_requests, load_trajectories
 
 
 def make_compress_heads(model_dir: Path, path: Path) -> Path:
-    from transformers import AutoConfig
-
     from vllm_pamer.core.heads import ModelFingerprint, constant_heads, save_heads
 
-    fingerprint = ModelFingerprint.from_hf_config(AutoConfig.from_pretrained(model_dir), DEFAULT_MODEL_NAME)
+    fingerprint = ModelFingerprint.from_model_dir(model_dir, DEFAULT_MODEL_NAME)
     save_heads(constant_heads(fingerprint, 10.0), path)
     return path
 

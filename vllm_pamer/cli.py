@@ -39,11 +39,9 @@ def _run_vllm_cli(argv: list[str]) -> None:
 
 
 def _model_fingerprint(model: str):
-    from transformers import AutoConfig
-
     from vllm_pamer.core.heads import ModelFingerprint
 
-    return ModelFingerprint.from_hf_config(AutoConfig.from_pretrained(model), model_name=Path(model).name)
+    return ModelFingerprint.from_model_dir(model)
 
 
 def _has_flag(args: list[str], flag: str) -> bool:

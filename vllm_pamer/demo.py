@@ -28,11 +28,9 @@ def demo_heads_path() -> Path:
 def ensure_demo_heads(model_dir: Path) -> Path:
     path = demo_heads_path()
     if not path.exists():
-        from transformers import AutoConfig
-
         from vllm_pamer.core.heads import ModelFingerprint, random_heads, save_heads
 
-        fingerprint = ModelFingerprint.from_hf_config(AutoConfig.from_pretrained(model_dir), DEFAULT_MODEL_NAME)
+        fingerprint = ModelFingerprint.from_model_dir(model_dir, DEFAULT_MODEL_NAME)
         save_heads(random_heads(fingerprint, seed=0), path)
     return path
 

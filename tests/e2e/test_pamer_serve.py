@@ -29,10 +29,8 @@ OPTIONS = json.dumps({"summary_max_tokens": 48})
 
 @pytest.fixture(scope="module")
 def compress_heads(default_model_dir, tmp_path_factory):
-    from transformers import AutoConfig
-
     path = tmp_path_factory.mktemp("heads") / "always-compress.safetensors"
-    fingerprint = ModelFingerprint.from_hf_config(AutoConfig.from_pretrained(default_model_dir), "SmolLM2-135M-Instruct")
+    fingerprint = ModelFingerprint.from_model_dir(default_model_dir, "SmolLM2-135M-Instruct")
     save_heads(constant_heads(fingerprint, 10.0), path)
     return path
 

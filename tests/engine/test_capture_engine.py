@@ -47,12 +47,11 @@ class Collector:
 def start_tiny_engine(kind: str, root, tokenizer_dir):
     """A real vLLM engine on a tiny random ``kind`` model, with random heads and
     a capture collector bound in this process."""
-    from transformers import AutoConfig
     from vllm import LLM
 
     model_dir = build_tiny_model(kind, root / "model", tokenizer_dir)
     heads_path = root / "heads.safetensors"
-    fingerprint = ModelFingerprint.from_hf_config(AutoConfig.from_pretrained(model_dir), f"tiny-{kind}")
+    fingerprint = ModelFingerprint.from_model_dir(model_dir, f"tiny-{kind}")
     save_heads(random_heads(fingerprint, seed=1), heads_path)
     address = f"ipc://{root}/capture.sock"
     collector = Collector(address)

@@ -57,6 +57,13 @@ class ModelFingerprint(msgspec.Struct, frozen=True):
             model_name=model_name,
         )
 
+    @classmethod
+    def from_model_dir(cls, model: str | Path, model_name: str | None = None) -> "ModelFingerprint":
+        """The fingerprint of a model directory (or hub name), from its config."""
+        from transformers import AutoConfig
+
+        return cls.from_hf_config(AutoConfig.from_pretrained(str(model)), model_name or Path(str(model)).name)
+
     def mismatch(self, other: "ModelFingerprint") -> str | None:
         for field in ("architecture", "hidden_size", "num_hidden_layers", "vocab_size"):
             mine, theirs = getattr(self, field), getattr(other, field)

@@ -1226,15 +1226,13 @@ def results_json(result: ExperimentResult, inputs: Mapping[str, Any] | None = No
 
 def model_fingerprint(model: str | Path | None):
     """Fingerprint of ``model`` (a model directory) or of the embedded default model."""
-    from transformers import AutoConfig
-
     from vllm_pamer.core.heads import ModelFingerprint
 
     if model is None:
         from vllm_pamer.default_model import ensure_default_model
 
         model = ensure_default_model(quiet=True)
-    return ModelFingerprint.from_hf_config(AutoConfig.from_pretrained(str(model)), model_name=Path(model).name)
+    return ModelFingerprint.from_model_dir(model)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
