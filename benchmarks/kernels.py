@@ -73,6 +73,26 @@ class Timer:
                 times.append(time.perf_counter() - t0)
         return statistics.median(times)
 
+    def graph(self, fn) -> float | None:
+        """Median seconds of one ``fn()`` replayed from a CUDA graph: the GPU's
+        time without the Python launch cost (the events above include it when
+        it outlasts the queued L2 flush). None where capture fails or on CPU."""
+        if not self.cuda:
+            return None
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # compile and allocate outside capture
+                fn()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                fn()
+        except Exception as exc:  # noqa: BLE001 - reported, the row goes on
+            tqdm.write(f"graph capture failed: {exc!r}", file=sys.stderr)
+            return None
+        return self(graph.replay)
+
     def copy_bandwidth(self, nbytes: int) -> float:
         """Bytes moved (read + written) per second by a device-to-device copy
         of ``nbytes`` (at most 256 MiB on CPU, where memory is short and the
@@ -101,8 +121,8 @@ def nbytes(*tensors: torch.Tensor) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def bench_vote(timer: Timer, device: torch.device, fused: bool, batches, d: int) -> list[str]:
-    rows = []
+def bench_vote(timer: Timer, device: torch.device, fused: bool, batches, d: int) -> tuple[list[str], list[str]]:
+    rows, graph_rows = [], []
     g = torch.Generator(device="cpu").manual_seed(0)
     w1 = (torch.randn(5, d, 256, generator=g) / math.sqrt(d)).to(device)
     b1, w2 = (0.1 * torch.randn(5, 256, generator=g)).to(device), (torch.randn(5, 256, generator=g) / 16).to(device)
@@ -120,12 +140,14 @@ def bench_vote(timer: Timer, device: torch.device, fused: bool, batches, d: int)
             want, got = five_head_vote_reference(*args), five_head_vote_triton(*args)
             torch.testing.assert_close(got[0], want[0], atol=1e-3, rtol=1e-3)  # a sanity check, not the test
             fused_t = timer(lambda: five_head_vote_triton(*args))
+            e_g, f_g = timer.graph(lambda: five_head_vote_reference(*args)), timer.graph(lambda: five_head_vote_triton(*args))
+            graph_rows.append(f"| {B} | {d} | {fmt_time(e_g)} | {fmt_time(f_g)} | {ratio(e_g, f_g)} | {ratio(f_g, floor)} |")
         rows.append(
             f"| {B} | {d} | bf16 / fp32 | {fmt_time(eager)} | {fmt_time(fused_t)} | {ratio(eager, fused_t)} "
             f"| {read / 2**20:.1f} MiB | {fmt_time(floor)} | {ratio(eager, floor)} | {ratio(fused_t, floor)} |"
         )
         tqdm.write(rows[-1], file=sys.stderr)
-    return rows
+    return rows, graph_rows
 
 
 def topk_torch_eager(q, qs, m, rs, k):
@@ -135,8 +157,8 @@ def topk_torch_eager(q, qs, m, rs, k):
     return s.topk(k, dim=1)
 
 
-def bench_topk(timer, device, fused, sizes, dims, batch, k, dtype, cpu_max_bytes) -> list[str]:
-    rows = []
+def bench_topk(timer, device, fused, sizes, dims, batch, k, dtype, cpu_max_bytes) -> tuple[list[str], list[str]]:
+    rows, graph_rows = [], []
     g = torch.Generator(device="cpu").manual_seed(1)
     if fused:
         from kernels import cosine_topk_triton
@@ -164,6 +186,8 @@ def bench_topk(timer, device, fused, sizes, dims, batch, k, dtype, cpu_max_bytes
                 if want is not None:  # a sanity check, not the test
                     torch.testing.assert_close(got[1], want.values, atol=1e-3, rtol=1e-3)
                 fused_t = timer(lambda: cosine_topk_triton(q, qs, m, rs, k))
+                e_g, f_g = timer.graph(lambda: topk_torch_eager(q, qs, m, rs, k)), timer.graph(lambda: cosine_topk_triton(q, qs, m, rs, k))
+                graph_rows.append(f"| {n:,} | {e} | {fmt_time(e_g)} | {fmt_time(f_g)} | {ratio(e_g, f_g)} | {ratio(f_g, floor)} |")
             else:
                 path = timer(lambda: cosine_topk_reference(q, qs, m, rs, k))
             rows.append(
@@ -174,6 +198,57 @@ def bench_topk(timer, device, fused, sizes, dims, batch, k, dtype, cpu_max_bytes
             )
             tqdm.write(rows[-1], file=sys.stderr)
             del m
+    return rows, graph_rows
+
+
+def sweep(timer: Timer, device: torch.device) -> list[str]:
+    """GPU time (graph replay) of each tile configuration the launchers accept,
+    against their default plan, to choose the defaults from measurements.
+    Every configuration's output is checked against torch first."""
+    from kernels import cosine_topk_triton, five_head_vote_triton
+
+    rows = []
+    g = torch.Generator(device="cpu").manual_seed(2)
+
+    def best_of(name, size, call, want, configs):
+        results = []
+        for cfg in tqdm(configs, desc=f"sweep {name} {size}", leave=False):
+            try:
+                got = call(**cfg)
+                torch.testing.assert_close(got[1 if name == "topk" else 0].float(), want, atol=2e-3, rtol=2e-3)
+                results.append((timer.graph(lambda: call(**cfg)), cfg))
+            except Exception as exc:  # noqa: BLE001 - a config that fails to compile or is wrong is skipped
+                tqdm.write(f"{name} {size} {cfg}: {type(exc).__name__}: {str(exc)[:120]}", file=sys.stderr)
+        default = next((t for t, c in results if not c), None)
+        timed = [(t, c) for t, c in results if t is not None]
+        t_best, c_best = min(timed, key=lambda r: r[0]) if timed else (None, None)
+        rows.append(f"| {name} | {size} | {fmt_time(default)} | {fmt_time(t_best)} | {c_best} | {ratio(default, t_best)} |")
+        tqdm.write(rows[-1], file=sys.stderr)
+
+    d = 4096
+    w1 = (torch.randn(5, d, 256, generator=g) / math.sqrt(d)).to(device)
+    b1, w2 = (0.1 * torch.randn(5, 256, generator=g)).to(device), (torch.randn(5, 256, generator=g) / 16).to(device)
+    b2, thr = (0.1 * torch.randn(5, generator=g)).to(device), torch.zeros(5, device=device)
+    vote_cfgs = [{}] + [dict(block_w=w, block_d=bd, num_splits=ns)
+                        for w in (32, 64) for bd in (32, 64, 128) for ns in (None, 1, 8)]
+    for B in (1, 16, 128):
+        for w_dtype in (torch.float32, torch.bfloat16):
+            x = torch.randn(B, d, generator=g).to(device=device, dtype=torch.bfloat16)
+            args = (x, w1.to(w_dtype), b1, w2, b2, thr, 3)
+            want = five_head_vote_reference(*args)[0]
+            best_of("vote", f"B={B} heads {str(w_dtype).split('.')[-1]}", lambda **c: five_head_vote_triton(*args, **c), want, vote_cfgs)
+    topk_cfgs = [{}] + [dict(block_n=bn, block_e=be) for bn in (64, 128, 256) for be in (32, 64, 128)]
+    for n, e in ((100_000, 1024), (1_000_000, 1024), (100_000, 4096), (1_000_000, 4096)):
+        m = torch.empty(n, e, dtype=torch.bfloat16, device=device)
+        for lo in range(0, n, 65536):
+            hi = min(n, lo + 65536)
+            m[lo:hi] = torch.nn.functional.normalize(torch.randn(hi - lo, e, generator=g), dim=1).to(device, m.dtype)
+        rs = torch.randint(0, 16, (n,), generator=g).to(device)
+        q = torch.nn.functional.normalize(torch.randn(16, e, generator=g), dim=1).to(device, m.dtype)
+        qs = torch.arange(16, device=device) % 16
+        want = cosine_topk_triton(q, qs, m, rs, 8)[1]
+        best_of("topk", f"N={n:,} e={e}", lambda **c: cosine_topk_triton(q, qs, m, rs, 8, **c), want, topk_cfgs)
+        del m
     return rows
 
 
@@ -183,6 +258,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=None, help="timed reps per case (default 50 cuda, 5 cpu)")
     parser.add_argument("--cpu-max-bytes", type=int, default=2**31, help="cap on M's bytes on CPU")
     parser.add_argument("--quick", action="store_true", help="fewer sizes")
+    parser.add_argument("--sweep", action="store_true", help="CUDA: also time every tile configuration")
     args = parser.parse_args()
     device = torch.device(args.device)
     fused = device.type == "cuda"
@@ -204,9 +280,9 @@ def main() -> None:
     batches = [1, 16, 128] if args.quick else [1, 16, 128, 512]
     sizes = [1000, 100_000] if args.quick else [1000, 100_000, 1_000_000]
     dims = [1024] if args.quick else [1024, 4096]
-    vote_rows = bench_vote(timer, device, fused, batches, d=4096)
+    vote_rows, vote_graph = bench_vote(timer, device, fused, batches, d=4096)
     topk_dtype = torch.bfloat16 if fused else torch.float32
-    topk_rows = bench_topk(timer, device, fused, sizes, dims, 16, 8, topk_dtype, args.cpu_max_bytes)
+    topk_rows, topk_graph = bench_topk(timer, device, fused, sizes, dims, 16, 8, topk_dtype, args.cpu_max_bytes)
 
     print("\n## five_head_vote (d = 4096, 5 heads x 256, min_votes = 3)\n")
     print(f"| B | d | x / heads | torch eager | fused Triton | speed-up | bytes read | floor | eager x floor | fused x floor |")
@@ -217,6 +293,16 @@ def main() -> None:
     print(f"| N | e | B | M dtype | torch mm + topk | {second} | speed-up | bytes read | floor | eager x floor | {'fused' if fused else 'path'} x floor |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(topk_rows))
+    if fused:
+        print("\n## GPU time alone (one call replayed from a CUDA graph, L2 flushed before each)\n")
+        print("| B or N | d or e | torch eager | fused Triton | speed-up | fused x floor |")
+        print("|---|---|---|---|---|---|")
+        print("\n".join(vote_graph + topk_graph))
+    if fused and args.sweep:
+        print("\n## Tile sweep (GPU time, graph replay; config {} = the launcher's default plan)\n")
+        print("| kernel | case | default plan | best | best config | default / best |")
+        print("|---|---|---|---|---|---|")
+        print("\n".join(sweep(timer, device)))
 
 
 if __name__ == "__main__":

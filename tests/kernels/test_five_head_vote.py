@@ -4,6 +4,8 @@ Triton kernel on CUDA. The Triton kernel on CPU is in interp_five_head_vote.py."
 
 from __future__ import annotations
 
+import importlib
+
 import subprocess
 import sys
 
@@ -59,7 +61,9 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GP
 @pytest.mark.parametrize("x_dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("batch", [1, 7, 64, 128, 1024])
 def test_cuda_dispatch_uses_triton_and_matches(batch, x_dtype, monkeypatch):
-    import kernels.five_head_vote as module
+    # not `import kernels.five_head_vote as module`: the package re-exports the function
+    # under the module's name, and that import form returns the attribute
+    module = importlib.import_module("kernels.five_head_vote")
 
     calls = []
     launch = module.five_head_vote_triton
