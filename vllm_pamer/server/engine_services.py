@@ -21,6 +21,7 @@ from vllm import SamplingParams
 from vllm_pamer.channel import CAPTURE_KEY, SESSION_KEY, CaptureInbox
 from vllm_pamer.core.policies.pamer import cap_head_and_tail, summary_prompt
 from vllm_pamer.engine.memory_index import MemoryIndex
+from vllm_pamer.server import metrics
 
 
 class EngineServices:
@@ -62,10 +63,14 @@ class EngineServices:
     # -- internal requests -------------------------------------------------------
     async def _run(self, prompt_ids: list[int], params: SamplingParams, kind: str) -> str:
         request_id = f"pamer-{kind}-{uuid.uuid4().hex}"
-        text = ""
+        text, generated = "", 0
         async for output in self.engine_client.generate({"prompt_token_ids": prompt_ids}, params, request_id):
             if output.outputs:
                 text = output.outputs[0].text
+                generated = len(output.outputs[0].token_ids)
+        # the plugin's own tokens count in a policy's total (paper eq. 45)
+        metrics.INTERNAL_PROMPT_TOKENS.labels(kind).inc(len(prompt_ids))
+        metrics.INTERNAL_COMPLETION_TOKENS.labels(kind).inc(generated)
         return text
 
     async def summarize(self, source: str, max_tokens: int) -> str:
