@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 from vllm import SamplingParams
+from vllm.sampling_params import StructuredOutputsParams
 
 from vllm_pamer.channel import CAPTURE_KEY, SESSION_KEY, CaptureInbox
 from vllm_pamer.core.policies.pamer import cap_head_and_tail, summary_prompt
@@ -86,8 +87,24 @@ class EngineServices:
             ids = self.chat_ids(summary_prompt(source), enable_thinking=False)
         else:
             raise RuntimeError(f"summary prompt of {len(ids)} tokens does not fit {budget}")
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, extra_args={SESSION_KEY: ""})
-        return (await self._run(ids, params, "summary")).strip()
+        return await self._generate(ids, max_tokens, "summary")
+
+    async def complete(self, messages: Sequence[dict], max_tokens: int, json_schema: dict | None = None,
+                       kind: str = "internal") -> str:
+        """An internal chat request (greedy, thinking off); ``json_schema``
+        constrains the answer with vLLM's structured outputs."""
+        max_tokens = min(max_tokens, self.max_model_len // 4)
+        ids = self.chat_ids(messages, enable_thinking=False)
+        if len(ids) > self.max_model_len - max_tokens:
+            raise RuntimeError(f"{kind} prompt of {len(ids)} tokens does not fit the window")
+        return await self._generate(ids, max_tokens, kind, json_schema)
+
+    async def _generate(self, ids: list[int], max_tokens: int, kind: str, json_schema: dict | None = None) -> str:
+        structured = StructuredOutputsParams(json=json_schema) if json_schema is not None else None
+        params = SamplingParams(
+            temperature=0.0, max_tokens=max_tokens, structured_outputs=structured, extra_args={SESSION_KEY: ""}
+        )
+        return (await self._run(ids, params, kind)).strip()
 
     def top_k(self, session: str, query: np.ndarray, memories, k: int):
         """Recall search on the device-resident memory matrix (kernels.cosine_topk)."""

@@ -73,6 +73,12 @@ class PamerConfig(PolicyConfig, frozen=True):
     embed_attempts: int = 8
     query_chars: int = 30_000
     """Recall query: task + R, limited to its final characters."""
+    stable_recall: bool = True
+    """Keep the memories recalled at the session's previous request unless a
+    new one beats the weakest of them by ``recall_margin`` (cosine): the
+    inserted text then stays identical between requests and vLLM's prefix
+    cache keeps the prompt up to it (beyond the paper; its Prop. C.2 margin)."""
+    recall_margin: float = 0.05
     summarize_ahead: bool = False
     """Overlap mode: when request t's vote says compress (known at its prefill),
     start summarizing the blocks that will be old at request t+1 while the agent
@@ -159,6 +165,36 @@ def cosine_top_k(query: np.ndarray, memories: Sequence[Memory], k: int) -> list[
     return [memory for _, _, memory in scored[:k]]
 
 
+def cosine_scores(query: np.ndarray, memories: Sequence[Memory]) -> dict[int, float]:
+    """Cosine of the query with each memory (zero vectors score -1)."""
+    q = np.asarray(query, dtype=np.float64).reshape(-1)
+    q_norm = np.linalg.norm(q) or 1.0
+    scores = {}
+    for memory in memories:
+        e = memory.embedding.astype(np.float64).reshape(-1)
+        norm = np.linalg.norm(e)
+        scores[memory.id] = float(q @ e / (q_norm * norm)) if norm > 0 and e.shape == q.shape else -1.0
+    return scores
+
+
+def stable_selection(
+    scores: dict[int, float], previous: Sequence[int], fresh: Sequence[int], k: int, margin: float
+) -> list[int]:
+    """Top-k that changes only for a reason: the previous selection is kept
+    (members that no longer exist drop out) and a fresh candidate enters only
+    by beating the weakest kept member by more than ``margin``, or to fill a
+    free place. Returns sorted ids."""
+    kept = [i for i in previous if i in scores][:k]
+    for candidate in sorted((i for i in fresh if i not in kept), key=lambda i: (-scores[i], i)):
+        if len(kept) < k:
+            kept.append(candidate)
+            continue
+        weakest = min(kept, key=lambda i: (scores[i], -i))
+        if scores[candidate] > scores[weakest] + margin:
+            kept[kept.index(weakest)] = candidate
+    return sorted(kept)
+
+
 def memory_message(memories: Sequence[Memory]) -> Message:
     parts = [MEMORY_HEADER] + [f"[memory {m.id}] {m.summary}" for m in sorted(memories, key=lambda m: m.id)]
     return {"role": "user", "content": "\n\n".join(parts)}
@@ -191,6 +227,7 @@ class Pamer(MemoryPolicy):
         # next request, and the summary started for them.
         self._next_old: dict[str, tuple[list[Block], int]] = {}
         self._ahead: dict[str, _AheadSummary] = {}
+        self._last_recall: dict[str, list[int]] = {}  # stable_recall: ids recalled last, per session
 
     async def on_vote(self, session_id: str, vote, memory) -> None:
         cfg: PamerConfig = self.config
@@ -304,6 +341,8 @@ class Pamer(MemoryPolicy):
                     chosen = search(session, query, searchable, cfg.top_k)
                 else:
                     chosen = cosine_top_k(query, searchable, cfg.top_k)
+                if cfg.stable_recall:
+                    chosen = self._stabilize(session, query, searchable, chosen)
             except Exception as exc:  # recall failure: the original request, not a partial one
                 store.log_event(session, "recall_failure", {"error": str(exc)})
                 return PolicyDecision(original, "fallback:recall_failure", str(exc))
@@ -314,6 +353,18 @@ class Pamer(MemoryPolicy):
             return PolicyDecision(messages, "recalled", "; ".join(notes), services.count_tokens(inserted))
         # Without memories no block is covered, so C_eff is the request itself.
         return PolicyDecision(original, "none", "; ".join(notes))
+
+    def _stabilize(self, session: str, query: np.ndarray, searchable: list[Memory], fresh: list[Memory]) -> list[Memory]:
+        by_id = {m.id: m for m in searchable}
+        previous = [i for i in self._last_recall.pop(session, []) if i in by_id]
+        if previous:
+            scores = cosine_scores(query, [by_id[i] for i in {*previous, *(m.id for m in fresh)}])
+            ids = stable_selection(scores, previous, [m.id for m in fresh], self.config.top_k, self.config.recall_margin)
+            fresh = [by_id[i] for i in ids]
+        self._last_recall[session] = [m.id for m in fresh]
+        while len(self._last_recall) > self.max_tracked_sessions:
+            self._last_recall.pop(next(iter(self._last_recall)))
+        return fresh
 
     def _remember_next_old(self, session: str, live: list[Block], services) -> None:
         """If one block arrives, the next request's O is the live blocks but the

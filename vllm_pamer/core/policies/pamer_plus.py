@@ -1,0 +1,179 @@
+"""PaMER+ (paper Appendix C.3): PaMER plus step-level evidence.
+
+Each memory keeps ``step_details`` linking it to the raw blocks it archived.
+On a request that recalls memories, a selector (an internal engine request
+shown R and the summary index, its answer constrained to the
+``StepSelection`` JSON schema by vLLM's structured outputs) names summary ids
+and the smallest ``raw_steps_needed``. ``core.selection.validate_selection``
+checks it (Algorithm 2); only the named raw blocks go to a recall request,
+whose result is injected after the recalled summaries. Results are cached by
+sorted (summary ids, step ids). A valid empty selection injects nothing; an
+invalid selection or a failed recall injects nothing and removes nothing: the
+PaMER request stands.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import msgspec
+
+from vllm_pamer.core.blocks import Message
+from vllm_pamer.core.memory_store import Memory
+from vllm_pamer.core.policies.base import PolicyDecision, PolicyRequest, register_policy
+from vllm_pamer.core.policies.pamer import (
+    MEMORY_HEADER,
+    Pamer,
+    PamerConfig,
+    PamerContext,
+    serialize_messages,
+    with_retries,
+)
+from vllm_pamer.core.selection import SelectionResult, StepSelection, validate_selection
+
+SELECTION_SCHEMA = msgspec.json.schema(StepSelection)
+EVIDENCE_HEADER = "Recalled evidence from archived steps"
+_CITED = re.compile(r"\[step (\d+\.\d+)\]")
+
+
+class PamerPlusConfig(PamerConfig, frozen=True):
+    selector_max_tokens: int = 192
+    recall_max_tokens: int = 512
+    call_timeout_s: float = 100.0
+    call_attempts: int = 2
+    """Selector and recall calls; a failure injects nothing, so few retries."""
+    index_chars: int = 12_000
+    """Summary index shown to the selector, cut at its end."""
+    cache_per_session: int = 32
+
+
+class _Rejected(Exception):
+    """An invalid selection or recall: nothing is injected."""
+
+
+def selector_prompt(recent: Sequence[Message], memories: Sequence[Memory], index_chars: int) -> list[Message]:
+    lines = []
+    for memory in sorted(memories, key=lambda m: m.id):
+        lines.append(f"[memory {memory.id}] {memory.summary}")
+        for d in memory.step_details:
+            tools = ", ".join(t for t in d.tool_names if t) or "no tool"
+            lines.append(f"  step {memory.id}.{d.step}: {tools} ({d.chars} chars)")
+    return [
+        {"role": "system", "content": "You decide which archived steps of an AI agent must be re-read."},
+        {
+            "role": "user",
+            "content": (
+                "Current steps of the agent:\n" + serialize_messages(recent)[-6000:]
+                + "\n\nArchived memories and their steps:\n" + "\n".join(lines)[:index_chars]
+                + "\n\nAnswer in JSON: summary_ids (memories to open) and raw_steps_needed "
+                '(the fewest steps such as "3.1" whose exact content the next action needs). '
+                "Use empty lists when the summaries suffice."
+            ),
+        },
+    ]
+
+
+def recall_prompt(goal: Sequence[Message], steps: dict[str, list[Message]]) -> list[Message]:
+    source = "\n\n".join(f"[step {name}]\n{serialize_messages(messages)}" for name, messages in steps.items())
+    return [
+        {"role": "system", "content": "You recover facts from an agent's archived steps. Never invent."},
+        {
+            "role": "user",
+            "content": (
+                "The agent's current situation:\n" + serialize_messages(goal)[-4000:]
+                + "\n\nArchived steps:\n" + source
+                + "\n\nCopy exactly the facts from these steps that the agent needs now (ids, values, "
+                "paths, results), each followed by its source like [step 3.1]. Write only the facts."
+            ),
+        },
+    ]
+
+
+@register_policy
+class PamerPlus(Pamer):
+    name = "pamer_plus"
+    config_cls = PamerPlusConfig
+
+    def __init__(self, config: PamerPlusConfig | None = None) -> None:
+        super().__init__(config)
+        self._cache: OrderedDict[str, OrderedDict[tuple, str]] = OrderedDict()
+
+    async def rewrite(self, request: PolicyRequest) -> PolicyDecision:
+        decision = await super().rewrite(request)
+        if decision.action != "recalled":
+            return decision  # compression, fallbacks and plain requests stand as PaMER made them
+        context: PamerContext = request.memory
+        session, store = request.session_id, context.store
+        try:
+            evidence = await self._evidence(request, context)
+        except _Rejected as exc:
+            store.log_event(session, "step_selection_rejected", {"reason": str(exc)})
+            return _note(decision, f"step evidence rejected: {exc}")
+        except Exception as exc:  # a failed selector or recall call: nothing injected
+            store.log_event(session, "step_recall_failure", {"error": f"{type(exc).__name__}: {exc}"})
+            return _note(decision, f"step recall failed: {type(exc).__name__}")
+        if evidence is None:
+            return _note(decision, "selector: summaries suffice")
+        at = len(request.conversation.prefix)
+        if len(decision.messages) > at and str(decision.messages[at].get("content", "")).startswith(MEMORY_HEADER):
+            at += 1  # right after the recalled summaries
+        messages = decision.messages[:at] + [evidence] + decision.messages[at:]
+        inserted = decision.tokens_inserted + context.services.count_tokens([evidence])
+        return PolicyDecision(messages, "recalled", decision.detail + "; step evidence injected", inserted)
+
+    async def _evidence(self, request: PolicyRequest, context: PamerContext) -> Message | None:
+        cfg: PamerPlusConfig = self.config
+        store, services, session = context.store, context.services, request.session_id
+        memories = store.load(session).memories
+        covered = {b for m in memories for b in m.covered_block_ids}
+        live = [b for b in request.conversation.blocks if b.block_id not in covered]
+        recent = [m for b in live[-cfg.retained_blocks:] for m in b.messages]
+
+        answer = await with_retries(
+            lambda: services.complete(
+                selector_prompt(recent, memories, cfg.index_chars), cfg.selector_max_tokens,
+                json_schema=SELECTION_SCHEMA, kind="selector",
+            ),
+            cfg.call_timeout_s, cfg.call_attempts, "selector",
+        )
+        try:
+            selection = msgspec.json.decode(answer, type=StepSelection)
+        except msgspec.DecodeError as exc:
+            raise _Rejected(f"selector answer is not a selection: {exc}") from None
+        result: SelectionResult = validate_selection(selection, memories)
+        if result.kind == "invalid":
+            raise _Rejected(result.reason)
+        if result.kind == "empty":
+            return None
+
+        names = [f"{s.memory_id}.{s.detail.step}" for s in result.steps]
+        cache = self._cache.setdefault(session, OrderedDict())
+        self._cache.move_to_end(session)
+        text = cache.get(result.cache_key)
+        if text is None:
+            raw = store.raw_blocks(session, [s.detail.block_id for s in result.steps])
+            if len(raw) != len(result.steps):
+                raise _Rejected("a selected step has no stored raw block")
+            steps = {name: raw[s.detail.block_id] for name, s in zip(names, result.steps)}
+            goal = list(request.conversation.prefix[-1:]) + recent
+            text = await with_retries(
+                lambda: services.complete(recall_prompt(goal, steps), cfg.recall_max_tokens, kind="recall"),
+                cfg.call_timeout_s, cfg.call_attempts, "recall",
+            )
+            foreign = sorted(set(_CITED.findall(text)) - set(names))
+            if foreign:
+                raise _Rejected(f"recall cites steps outside the selection: {foreign}")
+            if not text.strip():
+                raise _Rejected("recall came back empty")
+            cache[result.cache_key] = text
+            while len(cache) > cfg.cache_per_session:
+                cache.popitem(last=False)
+            while len(self._cache) > self.max_tracked_sessions:
+                self._cache.popitem(last=False)
+        return {"role": "user", "content": f"{EVIDENCE_HEADER} {', '.join(names)}:\n{text.strip()}"}
+
+
+def _note(decision: PolicyDecision, note: str) -> PolicyDecision:
+    return PolicyDecision(decision.messages, decision.action, f"{decision.detail}; {note}", decision.tokens_inserted)
