@@ -8,6 +8,9 @@
   vllm-pamer extract --labels PATH --out DIR [--data PATH ...] [--limit N]   states on the engine
   vllm-pamer train --states DIR --out PATH [--report DIR] [--target compression|recall]
                    [--head mlp|linear] [--export full|student] [--texts JSONL | --trajectories PATH ...]
+  vllm-pamer replay --out DIR [--url URL] [--data PATH ...] [--policies none,recent_k] [--concurrency N]
+                    [--limit-trajectories N] [--max-steps N] [--max-tokens N]   policies against a server
+  vllm-pamer replay --frontier [--data PATH ...]   recent_k's evidence frontier, offline
 """
 
 from __future__ import annotations
@@ -52,25 +55,35 @@ def cmd_serve(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="vllm-pamer serve", add_help=False)
     parser.add_argument("--pamer-policy", default=None)
     parser.add_argument("--pamer-policy-options", default=None, help="JSON object of policy options")
+    parser.add_argument("--pamer-options-by-policy", default=None,
+                        help='JSON: options of policies requests choose, e.g. {"sam": {"page_tokens": 1024}}')
     parser.add_argument("--pamer-heads", default=None, help="heads file (safetensors)")
     parser.add_argument("--pamer-embedder", default=None, help="served (default) or minilm")
     parser.add_argument("--pamer-no-capture", action="store_true")
     ours, rest = parser.parse_known_args(argv)
     if "-h" in rest or "--help" in rest:
         print(__doc__)
-        print("Plugin flags: --pamer-policy NAME, --pamer-policy-options JSON, --pamer-heads PATH, "
+        print("Plugin flags: --pamer-policy NAME, --pamer-policy-options JSON, --pamer-options-by-policy JSON, "
+              "--pamer-heads PATH, "
               "--pamer-embedder served|minilm, --pamer-no-capture")
         print("Every other flag is vLLM's (vllm serve --help).\n")
     model = rest.pop(0) if rest and not rest[0].startswith("-") else None
+    shipped = None
     if model is None:
-        from vllm_pamer.default_model import DEFAULT_MODEL_NAME, ensure_default_model
+        from vllm_pamer.default_model import DEFAULT_MODEL_NAME, ensure_default_model, shipped_heads
 
         model = str(ensure_default_model())
+        shipped = shipped_heads()  # the embedded model's trained heads: PaMER out of the box
         if not _has_flag(rest, "--served-model-name"):
             rest += ["--served-model-name", DEFAULT_MODEL_NAME]
+        if not _has_flag(rest, "--tool-call-parser"):
+            # SmolLM2's template knows no tools: the server writes calls as
+            # <tool_call>{json}</tool_call> text (core/render.py), the format
+            # vLLM's hermes parser reads back into OpenAI tool_calls.
+            rest += ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
 
     from vllm_pamer.core.heads import HeadsMismatch, load_heads
-    from vllm_pamer.core.policies import UnknownPolicy, policy_class
+    from vllm_pamer.core.policies import UnknownPolicy, create_policy, policy_class
 
     config = PamerConfig.from_env()
     overrides = {}
@@ -78,6 +91,8 @@ def cmd_serve(argv: list[str]) -> None:
         overrides["policy"] = ours.pamer_policy
     if ours.pamer_policy_options:
         overrides["policy_options"] = json.loads(ours.pamer_policy_options)
+    if ours.pamer_options_by_policy:
+        overrides["options_by_policy"] = json.loads(ours.pamer_options_by_policy)
     if ours.pamer_heads:
         overrides["heads"] = str(Path(ours.pamer_heads).resolve())
     if ours.pamer_embedder:
@@ -87,10 +102,15 @@ def cmd_serve(argv: list[str]) -> None:
     import msgspec
 
     config = msgspec.structs.replace(config, **overrides)
+    if config.heads is None and shipped is not None and config.capture:
+        config = msgspec.structs.replace(config, heads=str(shipped))
 
     # Fail fast, before the engine spends a minute starting.
     try:
         cls = policy_class(config.default_policy)
+        create_policy(config.default_policy, config.policy_options)  # bad options: an error now
+        for name, options in config.options_by_policy.items():
+            create_policy(name, options)
         if config.heads:
             load_heads(config.heads).check_model(_model_fingerprint(model), config.heads)
         elif cls.requires_heads:
@@ -165,6 +185,10 @@ def main(argv: list[str] | None = None) -> None:
         from vllm_pamer.training.train import main as train_main
 
         return train_main(argv[1:])
+    if argv and argv[0] == "replay":
+        from vllm_pamer.replay.cli import main as replay_main
+
+        return replay_main(argv[1:])
     if not argv or argv[0] not in commands:
         print(__doc__)
         sys.exit(0 if argv and argv[0] in ("-h", "--help") else 2)

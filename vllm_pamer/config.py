@@ -23,6 +23,10 @@ class PamerConfig(msgspec.Struct, frozen=True, kw_only=True):
     Unset: ``pamer`` when a heads file is configured, else ``none``."""
     policy_options: dict[str, Any] = msgspec.field(default_factory=dict)
     """Options of that policy as JSON (``PAMER_POLICY_OPTIONS``)."""
+    options_by_policy: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
+    """Options of policies that requests choose by name, e.g. ``{"sam":
+    {"page_tokens": 1024}}`` (``PAMER_OPTIONS_BY_POLICY``); the default
+    policy takes ``policy_options``."""
     heads: str | None = None
     """Heads file (safetensors) evaluated on every captured state (``PAMER_HEADS``)."""
     capture_wait_s: float = 2.0
@@ -49,11 +53,11 @@ class PamerConfig(msgspec.Struct, frozen=True, kw_only=True):
             raw = env.get(ENV_PREFIX + field.upper())
             if raw is None or raw == "":
                 continue
-            if field == "policy_options":
+            if field in ("policy_options", "options_by_policy"):
                 try:
                     values[field] = json.loads(raw)
                 except json.JSONDecodeError as exc:
-                    raise ValueError(f"{ENV_PREFIX}POLICY_OPTIONS is not JSON: {exc}") from None
+                    raise ValueError(f"{ENV_PREFIX}{field.upper()} is not JSON: {exc}") from None
             elif field == "capture":
                 values[field] = raw.lower() not in ("0", "false", "no", "off")
             else:
@@ -66,7 +70,7 @@ class PamerConfig(msgspec.Struct, frozen=True, kw_only=True):
             value = getattr(self, field)
             if value is None:
                 continue
-            if field == "policy_options":
+            if field in ("policy_options", "options_by_policy"):
                 value = json.dumps(value)
             elif isinstance(value, bool):
                 value = "1" if value else "0"

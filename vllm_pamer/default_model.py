@@ -83,3 +83,10 @@ def ensure_default_model(target: Path | None = None, quiet: bool = False) -> Pat
     shutil.rmtree(target, ignore_errors=True)
     tmp.rename(target)  # atomic: a half-written model is never picked up
     return target
+
+
+def shipped_heads() -> Path | None:
+    """Trained heads for the embedded model that ship in the package
+    (``vllm-pamer train``; docs/reports/heads-smollm2/), or None."""
+    path = Path(__file__).parent / "data" / "heads" / f"{DEFAULT_MODEL_NAME}.safetensors"
+    return path if path.exists() else None

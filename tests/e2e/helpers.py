@@ -24,3 +24,42 @@ def chat(client, messages, session=None, policy=None, max_tokens=8, **kwargs):
         model=DEFAULT_MODEL_NAME, messages=messages, max_tokens=max_tokens, temperature=0,
         extra_headers=headers, **kwargs,
     )
+
+
+TRAJECTORY = "airline-task2-trial1"  # 62 messages, 27 tool results, beyond the 8k window unrewritten
+# Short internal answers keep a CPU replay fast; everything else is each policy's default.
+PAMER_OPTIONS = {"summary_max_tokens": 48}
+OPTIONS_BY_POLICY = {
+    "pamer_plus": {"summary_max_tokens": 48, "selector_max_tokens": 64, "recall_max_tokens": 48},
+    "periodic_summary": {"n": 4, "summary_max_tokens": 48},
+    "rolling_summary": {"trigger_tokens": 1024, "summary_max_tokens": 48},
+    "sam": {"trigger_tokens": 2500, "page_tokens": 1500, "cue_max_tokens": 48, "recall_max_tokens": 48},
+    "sliding_window": {"k": 4},
+}
+
+
+def start_pamer_server(heads, store_path, log_path):
+    """``vllm-pamer serve`` of the default model with PaMER as the default policy."""
+    import json
+
+    from vllm_pamer.demo import ServerProcess
+
+    server = ServerProcess(
+        ["--pamer-policy", "pamer", "--pamer-policy-options", json.dumps(PAMER_OPTIONS),
+         "--pamer-options-by-policy", json.dumps(OPTIONS_BY_POLICY),
+         "--pamer-heads", str(heads), "--enforce-eager"],
+        free_port(), log_path, env={"PAMER_STORE": str(store_path)},
+    )
+    try:
+        server.wait_ready(timeout=600, progress=False)
+    except Exception:
+        server.stop()
+        raise
+    server.store_path = store_path
+    return server
+
+
+def client_for(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=300)

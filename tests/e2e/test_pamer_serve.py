@@ -12,46 +12,14 @@ import pytest
 import requests
 
 from vllm_pamer.core.blocks import protocol_issues, split_conversation
-from vllm_pamer.core.heads import ModelFingerprint, constant_heads, save_heads
 from vllm_pamer.core.memory_store import MemoryStore
 from vllm_pamer.core.policies.pamer import MEMORY_HEADER
-from vllm_pamer.demo import ServerProcess
 from vllm_pamer.trajectories import agent_requests, load_trajectories
-from tests.e2e.helpers import chat, free_port
+from tests.e2e.helpers import TRAJECTORY, chat, client_for, start_pamer_server
 
 pytestmark = pytest.mark.e2e
 
-TRAJECTORY = "airline-task2-trial1"  # 62 messages, 27 tool results, beyond the 8k window unrewritten
 STEPS = 14  # enough for two compressions and the recalls after them
-# Short summaries keep a CPU replay fast; everything else is the paper's Table 14.
-OPTIONS = json.dumps({"summary_max_tokens": 48})
-
-
-@pytest.fixture(scope="module")
-def compress_heads(default_model_dir, tmp_path_factory):
-    path = tmp_path_factory.mktemp("heads") / "always-compress.safetensors"
-    fingerprint = ModelFingerprint.from_model_dir(default_model_dir, "SmolLM2-135M-Instruct")
-    save_heads(constant_heads(fingerprint, 10.0), path)
-    return path
-
-
-def start_pamer_server(heads, store_path, log_path) -> ServerProcess:
-    server = ServerProcess(
-        ["--pamer-policy", "pamer", "--pamer-policy-options", OPTIONS, "--pamer-heads", str(heads), "--enforce-eager"],
-        free_port(), log_path, env={"PAMER_STORE": str(store_path)},
-    )
-    try:
-        server.wait_ready(timeout=600, progress=False)
-    except Exception:
-        server.stop()
-        raise
-    return server
-
-
-def client_for(server):
-    from openai import OpenAI
-
-    return OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -60,20 +28,15 @@ def trajectory():
 
 
 @pytest.fixture(scope="module")
-def pamer_run(compress_heads, trajectory, tmp_path_factory):
-    root = tmp_path_factory.mktemp("pamer")
-    server = start_pamer_server(compress_heads, root / "memory.sqlite3", root / "server.log")
-    try:
-        client = client_for(server)
-        steps = [
-            (history, chat(client, history, "pamer-e2e").model_extra["pamer"])
-            for _, history in list(agent_requests(trajectory["messages"]))[:STEPS]
-        ]
-        session = requests.get(f"{server.base_url}/pamer/sessions/pamer-e2e", timeout=30).json()
-        no_session = chat(client, trajectory["messages"][:6]).model_extra["pamer"]
-        yield steps, session, no_session, root / "memory.sqlite3"
-    finally:
-        server.stop()
+def pamer_run(compress_server, trajectory):
+    client = client_for(compress_server)
+    steps = [
+        (history, chat(client, history, "pamer-e2e").model_extra["pamer"])
+        for _, history in list(agent_requests(trajectory["messages"]))[:STEPS]
+    ]
+    session = requests.get(f"{compress_server.base_url}/pamer/sessions/pamer-e2e", timeout=30).json()
+    no_session = chat(client, trajectory["messages"][:6]).model_extra["pamer"]
+    return steps, session, no_session, compress_server.store_path
 
 
 def _block_ids(messages):

@@ -25,6 +25,7 @@ class RewriteOutcome(msgspec.Struct, frozen=True):
     """``none``, ``rewritten`` or ``fallback:<rule>``."""
     detail: str = ""
     tokens_inserted: int = 0
+    extra_tools: tuple[dict, ...] = ()
 
     @property
     def is_fallback(self) -> bool:
@@ -59,4 +60,6 @@ async def rewrite_request(
     issues = protocol_issues(decision.messages)
     if issues or not decision.messages:
         return _fallback(messages, "invalid_rewrite", issues[0].detail if issues else "empty result")
-    return RewriteOutcome(decision.messages, decision.action, decision.detail, decision.tokens_inserted)
+    return RewriteOutcome(
+        decision.messages, decision.action, decision.detail, decision.tokens_inserted, decision.extra_tools
+    )

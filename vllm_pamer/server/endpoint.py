@@ -48,6 +48,7 @@ SESSION_HEADER = "x-session-id"
 POLICY_HEADER = "x-pamer-policy"
 ECHO_HEADER = "x-pamer-echo"
 REWRITING_ACTIONS = ("rewritten", "compressed", "recalled")
+MAX_OWN_TOOL_ROUNDS = 3  # memory-tool calls answered per request before the answer goes back
 CAPTURE_LIFETIME_S = 3600.0  # a request may wait long in the queue before its prefill
 
 
@@ -119,6 +120,8 @@ class PamerServer:
                     f"policy {name!r} needs a heads file for the served model "
                     "(--pamer-heads); none is loaded"
                 )
+            if options is None:
+                options = self.config.options_by_policy.get(name)
             self._policies[name] = create_policy(name, options)
         return self._policies[name]
 
@@ -209,6 +212,11 @@ async def _handle_chat(body: dict, raw_request: Request):
     xargs = body.get("vllm_xargs") or {}
     if not isinstance(xargs, dict):
         return error_response(400, "vllm_xargs must be an object")
+    client_tools = body.get("tools") or []
+    auto_tools = bool(getattr(server.args, "enable_auto_tool_choice", False))
+    own_tools = _offered_tools(outcome.extra_tools, body, client_tools, report, auto_tools)
+    if own_tools:
+        body["tools"] = list(client_tools) + own_tools
     body["vllm_xargs"] = {**xargs, CAPTURE_KEY: capture_key, SESSION_KEY: session_id or ""}
     body["messages"] = sent
     try:
@@ -227,6 +235,13 @@ async def _handle_chat(body: dict, raw_request: Request):
     except BaseException:
         capture_task.cancel()
         raise
+    if own_tools and not isinstance(result, ErrorResponse):
+        names = {tool["function"]["name"] for tool in own_tools}
+        result, rounds = await _resolve_own_tool_calls(
+            server, policy, session_id, body, outcome.messages, result, raw_request, names, xargs
+        )
+        if rounds:
+            report.detail += f"; resolved {rounds} {'/'.join(sorted(names))} tool round(s)"
 
     async def finish_report() -> dict:
         try:
@@ -271,6 +286,65 @@ async def _handle_chat(body: dict, raw_request: Request):
             yield chunk
 
     return StreamingResponse(stream(), media_type="text/event-stream")
+
+
+def _offered_tools(extra_tools, body: dict, client_tools: list, report: PamerReport, auto_tools: bool) -> list[dict]:
+    """The policy's own tools to add to this request: non-streaming only (the
+    server must read the whole answer to resolve a call), not when the client
+    turned tools off or already has a tool of that name, and, when the client
+    leaves the choice to the model, only if the server parses tool calls
+    (``--enable-auto-tool-choice``; vLLM refuses "auto" otherwise)."""
+    if not extra_tools or body.get("stream") or body.get("tool_choice") == "none":
+        return []
+    if body.get("tool_choice") in (None, "auto") and not auto_tools:
+        report.detail += "; memory tool not offered: the server runs without --enable-auto-tool-choice"
+        return []
+    taken = {t.get("function", {}).get("name") for t in client_tools if isinstance(t, dict)}
+    clashes = [t["function"]["name"] for t in extra_tools if t["function"]["name"] in taken]
+    if clashes:
+        report.detail += f"; tool {clashes} not offered: the client has a tool of that name"
+    return [dict(t) for t in extra_tools if t["function"]["name"] not in taken]
+
+
+async def _resolve_own_tool_calls(server, policy, session_id, body, messages, result, raw_request, names, xargs):
+    """Answer the model's calls of the policy's own tools and continue the
+    generation, up to MAX_OWN_TOOL_ROUNDS; the client gets the final answer
+    with only its own tool calls. Returns (result, rounds)."""
+    handler = raw_request.app.state.openai_serving_chat
+    rounds = 0
+    while not isinstance(result, ErrorResponse):
+        message = result.choices[0].message
+        calls = message.tool_calls or []
+        ours = [c for c in calls if c.function.name in names]
+        if not ours or len(ours) < len(calls) or rounds == MAX_OWN_TOOL_ROUNDS:
+            break
+        if result.usage is not None:  # an intermediate round is the plugin's cost
+            metrics.INTERNAL_PROMPT_TOKENS.labels("tool_round").inc(result.usage.prompt_tokens)
+            metrics.INTERNAL_COMPLETION_TOKENS.labels("tool_round").inc(result.usage.completion_tokens or 0)
+        answers = []
+        for call in ours:
+            try:
+                content = await policy.resolve_tool_call(session_id, call.function.name, call.function.arguments, server.memory)
+            except Exception as exc:  # the model reads the error; nothing of the request is lost
+                logger.exception("policy %s failed to resolve %s", policy.name, call.function.name)
+                content = f"{call.function.name} error: {type(exc).__name__}"
+            answers.append({"role": "tool", "tool_call_id": call.id, "name": call.function.name, "content": content})
+        assistant = {"role": "assistant", "content": message.content, "tool_calls": [c.model_dump() for c in ours]}
+        messages = list(messages) + [assistant] + answers
+        follow = {**body, "messages": server.render(messages), "vllm_xargs": {**xargs, SESSION_KEY: ""}}
+        if isinstance(body.get("tool_choice"), dict):  # a forced call of our tool is answered once
+            follow["tool_choice"] = "none"
+        result = await handler.create_chat_completion(ChatCompletionRequest.model_validate(follow), raw_request)
+        rounds += 1
+    if not isinstance(result, ErrorResponse):
+        choice = result.choices[0]
+        calls = choice.message.tool_calls or []
+        kept = [c for c in calls if c.function.name not in names]
+        if len(kept) < len(calls):  # the client never sees calls of tools it did not send
+            choice.message.tool_calls = kept
+            if not kept and choice.finish_reason == "tool_calls":
+                choice.finish_reason = "stop"
+    return result, rounds
 
 
 @router.get("/pamer/sessions/{session_id}")

@@ -1,6 +1,6 @@
 """Memory policies behind one interface; importing this package registers them."""
 
-from vllm_pamer.core.policies import baselines, pamer, pamer_plus, summaries  # noqa: F401  (registers the policies)
+from vllm_pamer.core.policies import baselines, pamer, pamer_plus, sam, summaries  # noqa: F401  (registers the policies)
 from vllm_pamer.core.policies.base import (
     HeadVote,
     MemoryPolicy,

@@ -42,6 +42,10 @@ class PolicyDecision(msgspec.Struct, frozen=True):
     detail: str = ""
     tokens_inserted: int = 0
     """Tokens of text the policy added (recalled memories), for metrics."""
+    extra_tools: tuple[dict, ...] = ()
+    """Tools the server adds to the request and resolves itself through
+    ``MemoryPolicy.resolve_tool_call`` (SAM's ``memory`` tool); the client
+    never sees their calls."""
 
 
 class PolicyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -62,6 +66,11 @@ class MemoryPolicy(ABC):
     @abstractmethod
     async def rewrite(self, request: PolicyRequest) -> PolicyDecision:
         """Return the messages to send for this request."""
+
+    async def resolve_tool_call(self, session_id: str, name: str, arguments: str, memory: Any) -> str:
+        """The result of a call to one of this policy's ``extra_tools``, as the
+        tool message's content. Errors the model can fix are returned as text."""
+        raise NotImplementedError(f"policy {self.name!r} has no tools")
 
     async def on_vote(self, session_id: str, vote: HeadVote, memory: Any) -> None:
         """Called when the vote of a session's request arrives (at its prefill,

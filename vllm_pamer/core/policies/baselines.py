@@ -1,9 +1,18 @@
-"""Baseline policies that need no heads."""
+"""Baseline policies that need no heads and no engine services.
+
+* ``none`` - the request as the agent wrote it;
+* ``recent_k`` / ``sliding_window`` - the prefix and the last K blocks;
+* ``discard_tool`` - every message, but old tool outputs replaced by a stub.
+
+The summary baselines (``periodic_summary``, ``rolling_summary``) live in
+``summaries.py``: they need a memory store and engine services.
+"""
 
 from __future__ import annotations
 
-import msgspec
+from typing import Any
 
+from vllm_pamer.core.blocks import Message
 from vllm_pamer.core.policies.base import (
     MemoryPolicy,
     PolicyConfig,
@@ -11,6 +20,8 @@ from vllm_pamer.core.policies.base import (
     PolicyRequest,
     register_policy,
 )
+
+TOOL_ROLES = frozenset({"tool", "function"})
 
 
 @register_policy
@@ -24,20 +35,22 @@ class PassThrough(MemoryPolicy):
 
 
 class RecentKConfig(PolicyConfig, frozen=True):
-    k: int = msgspec.field(default=2)
-    """Number of most recent blocks kept after the prefix."""
+    k: int = 2
+    """Number of most recent blocks kept after the prefix (the paper's Recent2)."""
 
     def __post_init__(self) -> None:
         if self.k < 1:
-            raise ValueError("recent_k needs k >= 1")
+            raise ValueError("k must be >= 1")
 
 
-@register_policy
-class RecentK(MemoryPolicy):
-    """``recent_k``: keep the prefix and the last k blocks, drop the rest."""
+class SlidingWindowConfig(RecentKConfig, frozen=True):
+    k: int = 10
+    """Number of most recent blocks kept after the prefix (paper: K = 5, 10, 20)."""
 
-    name = "recent_k"
-    config_cls = RecentKConfig
+
+class _LastBlocks(MemoryPolicy):
+    """Keep the prefix and the last ``config.k`` blocks, drop the rest.
+    Whole blocks only, so every tool call stays next to its results."""
 
     async def rewrite(self, request: PolicyRequest) -> PolicyDecision:
         conversation = request.conversation
@@ -46,3 +59,72 @@ class RecentK(MemoryPolicy):
             return PolicyDecision(conversation.messages(), "none")
         kept = list(conversation.prefix) + [m for block in recent for m in block.messages]
         return PolicyDecision(kept, "rewritten", f"dropped {len(old)} old blocks")
+
+
+@register_policy
+class RecentK(_LastBlocks):
+    """``recent_k``: the sliding-window rule with the paper's Recent2 default (k=2)."""
+
+    name = "recent_k"
+    config_cls = RecentKConfig
+
+
+@register_policy
+class SlidingWindow(_LastBlocks):
+    """``sliding_window``: the paper's Sliding Window baseline (prefix + last K
+    blocks, default K=10). Same rule as ``recent_k``, which defaults to k=2."""
+
+    name = "sliding_window"
+    config_cls = SlidingWindowConfig
+
+
+class DiscardToolConfig(PolicyConfig, frozen=True):
+    window: int = 2
+    """Tool outputs of the last ``window`` blocks are kept; older ones are stubbed."""
+
+    def __post_init__(self) -> None:
+        if self.window < 0:
+            raise ValueError("window must be >= 0")
+
+
+def _content_chars(content: Any) -> int:
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):  # content parts
+        return sum(len(p.get("text") or "") for p in content if isinstance(p, dict))
+    return 0
+
+
+def tool_placeholder(chars: int) -> str:
+    return f"[tool output removed: {chars} chars]"
+
+
+@register_policy
+class DiscardTool(MemoryPolicy):
+    """``discard_tool``: keep every message, but replace the output of tool
+    results older than the last ``window`` blocks by a short placeholder.
+
+    Tool outputs are usually the bulk of an agent's context, while its own
+    actions are short; the result message itself stays (with ``tool_call_id``
+    and ``name``) so every call is still answered and the protocol stays valid.
+    """
+
+    name = "discard_tool"
+    config_cls = DiscardToolConfig
+
+    async def rewrite(self, request: PolicyRequest) -> PolicyDecision:
+        conversation = request.conversation
+        old, recent = conversation.old_and_recent(self.config.window)
+        out: list[Message] = list(conversation.prefix)
+        stubbed = 0
+        for block in old:
+            for message in block.messages:
+                chars = _content_chars(message.get("content"))
+                if message.get("role") in TOOL_ROLES and chars:
+                    message = {**message, "content": tool_placeholder(chars)}  # never mutate the input
+                    stubbed += 1
+                out.append(message)
+        out.extend(m for block in recent for m in block.messages)
+        if not stubbed:
+            return PolicyDecision(conversation.messages(), "none")
+        return PolicyDecision(out, "rewritten", f"removed {stubbed} old tool outputs")

@@ -195,6 +195,19 @@ def stable_selection(
     return sorted(kept)
 
 
+def step_details(blocks: Sequence[Block]) -> list[StepDetail]:
+    """What a memory records of each block it archives (PaMER+ selects by these)."""
+    return [
+        StepDetail(
+            step=index,
+            block_id=block.block_id,
+            tool_names=tuple(c.get("function", {}).get("name", "") for c in block.assistant.get("tool_calls") or []),
+            chars=len(json.dumps(list(block.messages))),
+        )
+        for index, block in enumerate(blocks)
+    ]
+
+
 def memory_message(memories: Sequence[Memory]) -> Message:
     parts = [MEMORY_HEADER] + [f"[memory {m.id}] {m.summary}" for m in sorted(memories, key=lambda m: m.id)]
     return {"role": "user", "content": "\n\n".join(parts)}
@@ -402,17 +415,10 @@ class Pamer(MemoryPolicy):
         reduced = prefix + [m for b in kept_old for m in b.messages] + recent_messages
         if services.count_tokens(reduced) >= services.count_tokens(original):
             return PolicyDecision(original, "none", "compression would not shrink the request"), old + recent
-        details = [
-            StepDetail(
-                step=index,
-                block_id=block.block_id,
-                tool_names=tuple(c.get("function", {}).get("name", "") for c in block.assistant.get("tool_calls") or []),
-                chars=len(json.dumps(list(block.messages))),
-            )
-            for index, block in enumerate(archived)
-        ]
         try:
-            memory_id = store.commit_memory(session, summary, embedding, services.embedder_name, archived, details)
+            memory_id = store.commit_memory(
+                session, summary, embedding, services.embedder_name, archived, step_details(archived)
+            )
         except Exception as exc:  # storage precedes removal: nothing is removed
             store.log_event(session, "storage_failure", {"error": str(exc)})
             return PolicyDecision(original, "fallback:storage_failure", str(exc)), old + recent

@@ -1,0 +1,98 @@
+"""End to end: every policy of issue 6 inside one real ``vllm-pamer serve``
+(always-compress heads, short internal answers; tests/e2e/helpers.py),
+chosen per request by header, replaying the first steps of a real tau-bench
+trajectory; and SAM's memory tool resolved by the server."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import requests
+
+from tests.e2e.helpers import TRAJECTORY, chat, client_for
+from vllm_pamer.core.blocks import protocol_issues, split_conversation
+from vllm_pamer.core.policies.pamer import MEMORY_HEADER
+from vllm_pamer.core.policies.sam import CUES_HEADER, MEMORY_TOOL_NAME
+from vllm_pamer.trajectories import agent_requests, load_trajectories
+
+pytestmark = pytest.mark.e2e
+
+STEPS = 12
+POLICIES = ("sliding_window", "discard_tool", "periodic_summary", "rolling_summary", "sam", "pamer_plus")
+
+
+@pytest.fixture(scope="module")
+def runs(compress_server):
+    trajectory = {t["id"]: t for t in load_trajectories(kind="tau")}[TRAJECTORY]
+    client = client_for(compress_server)
+    histories = [h for _, h in agent_requests(trajectory["messages"])][:STEPS]
+    out = {}
+    for policy in POLICIES:
+        session = f"policies-{policy}"
+        out[policy] = [(h, chat(client, h, session, policy).model_extra["pamer"]) for h in histories]
+    return client, histories, out
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_policy_sends_valid_requests_and_keeps_the_prefix(runs, policy):
+    _, _, out = runs
+    for history, report in out[policy]:
+        assert report["policy"] == policy and not report["action"].startswith("fallback"), report
+        sent = report["messages_sent"]
+        assert protocol_issues(sent) == [] and sent[:2] == history[:2]
+        assert report["prompt_tokens_out"] <= report["prompt_tokens_in"] or report["action"] == "recalled"
+    last = out[policy][-1][1]
+    assert last["prompt_tokens_out"] < last["prompt_tokens_in"], f"{policy} never shortened the request"
+
+
+def test_summary_policies_store_and_send_their_summaries(runs):
+    _, _, out = runs
+    for policy in ("periodic_summary", "rolling_summary"):
+        actions = [r["action"] for _, r in out[policy]]
+        assert "compressed" in actions, (policy, actions)
+        later = out[policy][-1][1]["messages_sent"]
+        assert later[2]["content"].startswith(MEMORY_HEADER)
+    rolling = out["rolling_summary"][-1][1]["messages_sent"]
+    assert rolling[2]["content"].count("[memory ") == 1  # only the newest summary
+
+
+def test_pamer_plus_runs_its_selector_on_recalling_requests(runs):
+    _, _, out = runs
+    recalls = [r for _, r in out["pamer_plus"] if r["action"] == "recalled"]
+    assert recalls
+    # the schema-constrained selector answered: evidence, an empty or a rejected selection,
+    # never an engine failure
+    for report in recalls:
+        assert any(s in report["detail"] for s in ("step evidence injected", "summaries suffice", "rejected")), report
+        assert "step recall failed" not in report["detail"]
+
+
+def test_sam_pages_and_resolves_its_memory_tool(runs, compress_server):
+    client, histories, out = runs
+    reports = [r for _, r in out["sam"]]
+    assert "compressed" in [r["action"] for r in reports]
+    sent = reports[-1]["messages_sent"]
+    assert sent[2]["content"].startswith(CUES_HEADER) and "[page 1]" in sent[2]["content"]
+    # force a memory call: the server answers it and continues; the client sees no call of it
+    response = chat(
+        client, histories[-1], "policies-sam", "sam", max_tokens=24,
+        tools=[{"type": "function", "function": {"name": "noop", "parameters": {"type": "object", "properties": {}}}}],
+        tool_choice={"type": "function", "function": {"name": MEMORY_TOOL_NAME}},
+    )
+    report = response.model_extra["pamer"]
+    assert "resolved 1 memory tool round" in report["detail"], report
+    assert not response.choices[0].message.tool_calls
+    events = requests.get(f"{compress_server.base_url}/pamer/sessions/policies-sam", timeout=30).json()["events"]
+    assert "memory_tool" in [e["kind"] for e in events]
+
+
+def test_sam_blocks_leave_only_into_pages(runs, compress_server):
+    _, _, out = runs
+    session = requests.get(f"{compress_server.base_url}/pamer/sessions/policies-sam", timeout=30).json()
+    paged = {b for m in session["memories"] for b in m["covered_block_ids"]}
+    for history, report in out["sam"]:
+        kept = {b.block_id for b in split_conversation(report["messages_sent"]).blocks}
+        for block in split_conversation(history).blocks:
+            assert block.block_id in kept or block.block_id in paged
+    assert json.dumps(session["memories"])  # JSON view of pages works

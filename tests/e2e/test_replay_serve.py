@@ -1,0 +1,58 @@
+"""End to end: ``vllm-pamer replay`` of a short real tau-bench trajectory with
+``none`` and ``recent_k`` against the session's shared server (tests/e2e/conftest.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from vllm_pamer.replay.cli import main as replay_main
+from vllm_pamer.replay.records import read_records
+from vllm_pamer.trajectories import load_trajectories
+
+pytestmark = pytest.mark.e2e
+
+TRAJECTORY = "airline-task4-trial1"  # 16 messages, 7 requests: the shortest shipped one
+
+
+@pytest.fixture(scope="module")
+def replayed(compress_server, tmp_path_factory):
+    root = tmp_path_factory.mktemp("replay")
+    trajectory = {t["id"]: t for t in load_trajectories(kind="tau")}[TRAJECTORY]
+    data = root / "one.jsonl"
+    data.write_text(json.dumps(trajectory) + "\n")
+    out = root / "report"
+    replay_main(["--url", compress_server.base_url, "--data", str(data), "--policies", "none,recent_k",
+                 "--max-tokens", "16", "--out", str(out), "--no-progress"])
+    rows = {row["policy"]: row for row in json.loads((out / "summary.json").read_text())}
+    return out, rows, read_records(out / "records.jsonl")
+
+
+def test_report_fields_are_filled(replayed):
+    out, rows, records = replayed
+    assert list(rows) == ["none", "recent_k"]
+    for row in rows.values():
+        assert row["trajectories"] == 1 and row["answered"] == row["requests"] == 7
+        assert row["beyond_window"] == 0 and row["errors"] == 0
+        for field in ("tokens_per_trajectory", "mean_peak_context", "prefill_computed", "steps_per_min"):
+            assert row[field] is not None and row[field] > 0, (row["policy"], field)
+        assert row["peak_kv_usage"] is not None  # sampled; may read 0 between two requests
+        assert 0 < row["chars_share"] <= 1
+    assert rows["none"]["chars_share"] == pytest.approx(1.0)
+    assert rows["recent_k"]["chars_share"] < 1
+    assert rows["recent_k"]["agree_tool"] is not None and 0 <= rows["recent_k"]["agree_args"] <= 1
+    assert (out / "context_per_turn.png").stat().st_size > 0 and "| recent_k |" in (out / "report.md").read_text()
+    for r in records:
+        assert r.pamer["captured"] is True and r.pamer["policy"] == r.policy and r.session_id.startswith(r.policy + "-")
+        assert r.prompt_tokens_out == r.usage_prompt_tokens and r.latency_s > 0
+
+
+def test_recent_k_never_sends_more_than_none(replayed):
+    _, rows, records = replayed
+    none = {r.step: r.prompt_tokens_out for r in records if r.policy == "none"}
+    recent = {r.step: r.prompt_tokens_out for r in records if r.policy == "recent_k"}
+    assert none.keys() == recent.keys()
+    assert all(recent[s] <= none[s] for s in none)
+    assert any(recent[s] < none[s] for s in none)  # later steps drop old blocks
+    assert rows["recent_k"]["mean_peak_context"] < rows["none"]["mean_peak_context"]

@@ -1,0 +1,144 @@
+"""The replay report on synthetic records with known table values, and /metrics parsing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from vllm_pamer.replay import prometheus
+from vllm_pamer.replay.records import RunSummary, StepRecord, read_records, read_runs
+from vllm_pamer.replay.report import context_per_turn, jaccard, markdown_table, summarize, write_report
+
+
+def rec(policy, trajectory, step, tokens_out, completion=10, *, status="ok", tool=None, values=(), needed=0,
+        available=None, chars=(None, 100)):
+    return StepRecord(
+        policy=policy, trajectory_id=trajectory, session_id=f"{policy}-{trajectory}", step=step, message_index=2 * step + 2,
+        status=status, latency_s=1.0, prompt_tokens_in=tokens_out, prompt_tokens_out=tokens_out,
+        usage_prompt_tokens=tokens_out if status == "ok" else None,
+        usage_completion_tokens=completion if status == "ok" else None,
+        action_tool=tool, action_values=list(values), needed=needed, available=available,
+        chars_sent=chars[0], chars_original=chars[1],
+    )
+
+
+RECORDS = [
+    rec("none", "A", 0, 100, tool="get_user", values=["X1234"], needed=2, available=2, chars=(100, 100)),
+    rec("none", "A", 1, 200, tool=None, needed=0, available=0, chars=(200, 200)),
+    rec("none", "B", 0, 300, 5, tool="search", values=["P1234", "Q1234"], needed=2, available=2, chars=(300, 300)),
+    rec("none", "B", 1, 9000, status="beyond_window"),
+    rec("recent_k", "A", 0, 100, tool="get_user", values=["X1234"], needed=2, available=2, chars=(100, 100)),
+    rec("recent_k", "A", 1, 150, tool="cancel", values=["Y1234"], needed=0, available=0, chars=(120, 200)),
+    rec("recent_k", "B", 0, 250, 5, tool="search", values=["P1234"], needed=2, available=1, chars=(200, 300)),
+    rec("recent_k", "B", 1, 260, 20, tool="search", values=[], needed=4, available=1, chars=(100, 400)),
+]
+RUNS = [
+    RunSummary(policy="none", trajectories=2, requests=4, elapsed_s=60.0, kv_usage_peak=0.5,
+               metric_deltas={"vllm:prefix_cache_queries_total": 1000.0, "vllm:prefix_cache_hits_total": 400.0}),
+    RunSummary(policy="recent_k", trajectories=2, requests=4, elapsed_s=30.0, kv_usage_peak=0.25,
+               metric_deltas={"vllm:prefix_cache_queries_total": 500.0, "vllm:prefix_cache_hits_total": 300.0,
+                              'vllm_pamer_internal_prompt_tokens_total{kind="summary"}': 100.0,
+                              'vllm_pamer_internal_completion_tokens_total{kind="summary"}': 20.0}),
+]
+
+
+def test_policy_rows_known_values():
+    none, recent = summarize(RECORDS, RUNS)
+    assert (none.policy, none.requests, none.answered, none.beyond_window, none.errors) == ("none", 4, 3, 1, 0)
+    assert none.tokens_per_trajectory == pytest.approx((110 + 210 + 305) / 2)
+    assert none.mean_peak_context == pytest.approx((200 + 300) / 2)
+    assert none.prefill_computed == 600
+    assert none.peak_kv_usage == 0.5
+    assert none.steps_per_min == pytest.approx(3.0)
+    assert none.evidence_availability == pytest.approx(4 / 4)
+    assert none.chars_share == pytest.approx(1.0)
+    assert none.agree_tool is None and none.agree_args is None  # the baseline itself
+
+    assert recent.answered == 4 and recent.beyond_window == 0
+    assert recent.internal_tokens == 120
+    assert recent.tokens_per_trajectory == pytest.approx((110 + 160 + 255 + 280 + 120) / 2)
+    assert recent.mean_peak_context == pytest.approx((150 + 260) / 2)
+    assert recent.prefill_computed == 200
+    assert recent.steps_per_min == pytest.approx(8.0)
+    assert recent.evidence_availability == pytest.approx((2 + 0 + 1 + 1) / (2 + 0 + 2 + 4))
+    assert recent.chars_share == pytest.approx((100 + 120 + 200 + 100) / (100 + 200 + 300 + 400))
+    # compared on the steps both answered (B/1 was beyond the window under none)
+    assert recent.agree_tool == pytest.approx(2 / 3)  # A/0 same, A/1 text vs call, B/0 same
+    assert recent.agree_args == pytest.approx((1.0 + 0.0 + 0.5) / 3)
+
+
+def test_without_baseline_no_agreement_and_missing_metrics():
+    run = RunSummary(policy="recent_k", trajectories=2, requests=4, elapsed_s=30.0)
+    (row,) = summarize([r for r in RECORDS if r.policy == "recent_k"], [run])
+    assert row.agree_tool is None and row.prefill_computed is None and row.peak_kv_usage is None
+    assert row.tokens_per_trajectory == pytest.approx((110 + 160 + 255 + 280) / 2)
+
+
+def test_jaccard():
+    assert jaccard([], []) == 1.0
+    assert jaccard(["a"], []) == 0.0
+    assert jaccard(["a", "b"], ["b", "c"]) == pytest.approx(1 / 3)
+
+
+def test_markdown_table_and_files(tmp_path):
+    rows = write_report(tmp_path, RECORDS, RUNS)
+    table = markdown_table(rows)
+    lines = table.splitlines()
+    assert lines[0].startswith("| policy | trajectories |") and len(lines) == 4
+    assert "| none | 2 | 3 | 1 | 312 | 250 | 600 | 50.0% | 3.00 | 100.0% | 100.0% | - | - |" in table
+    assert "| recent_k | 2 | 4 | 0 |" in lines[3] and "66.7% | 0.50 |" in lines[3]
+    assert read_records(tmp_path / "records.jsonl") == RECORDS
+    assert [r.policy for r in read_runs(tmp_path / "runs.json")] == ["none", "recent_k"]
+    assert json.loads((tmp_path / "summary.json").read_text())[1]["agree_tool"] == pytest.approx(2 / 3)
+    assert (tmp_path / "context_per_turn.png").read_bytes()[:4] == b"\x89PNG"
+    assert "context_per_turn.png" in (tmp_path / "report.md").read_text()
+
+
+def test_context_per_turn():
+    curves = context_per_turn(RECORDS)
+    assert curves["none"] == {0: 200, 1: 200}  # mean of A/0 and B/0; B/1 was refused
+    assert curves["recent_k"] == {0: 175, 1: 205}
+
+
+METRICS = """\
+# HELP vllm:prompt_tokens_total Number of prefill tokens processed.
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{engine="0",model_name="m"} 1500.0
+vllm:prompt_tokens_created{engine="0",model_name="m"} 1.7e9
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1200.0
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 200.0
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.125
+vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.25
+vllm_pamer_internal_prompt_tokens_total{kind="summary"} 40.0
+vllm_pamer_requests_total{action="none",policy="none"} 3.0
+"""
+
+
+def test_prometheus_counters_and_deltas():
+    samples = prometheus.parse_samples(METRICS)
+    assert prometheus.kv_usage(samples) == 0.25
+    before = prometheus.counters(samples)
+    assert before["vllm:prompt_tokens_total"] == 1500 and "vllm:generation_tokens_total" not in before
+    after_text = METRICS.replace("1500.0", "1600.0") + 'vllm_pamer_internal_prompt_tokens_total{kind="embedding"} 3.0\n'
+    delta = prometheus.deltas(before, prometheus.counters(prometheus.parse_samples(after_text)))
+    assert delta["vllm:prompt_tokens_total"] == 100
+    assert prometheus.total(delta, prometheus.INTERNAL_PROMPT) == 3  # a label set that appeared counts from 0
+    assert prometheus.total(delta, "vllm:prefix_cache_hits_total") == 0
+    assert prometheus.parse_samples("") == {} and prometheus.kv_usage({}) is None
+
+
+def test_prefill_computed_prefers_vllms_own_breakdown():
+    by_source = """vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="local_compute"} 700.0
+vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="local_cache_hit"} 300.0
+vllm:prompt_tokens_total{engine="0",model_name="m"} 1000.0
+vllm:prompt_tokens_cached_total{engine="0",model_name="m"} 250.0
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 900.0
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 100.0
+"""
+    delta = prometheus.deltas({}, prometheus.counters(prometheus.parse_samples(by_source)))
+    assert prometheus.prefill_computed(delta) == 700
+    without_source = {k: v for k, v in delta.items() if "by_source" not in k}
+    assert prometheus.prefill_computed(without_source) == 750  # prompt - cached
+    assert prometheus.prefill_computed({"vllm:prefix_cache_queries_total": 900.0}) == 900
+    assert prometheus.prefill_computed({}) is None

@@ -1,0 +1,277 @@
+"""Replay recorded trajectories against a running vllm-pamer server.
+
+For each policy in turn: every trajectory is one session (``<policy>-<uuid>``),
+its steps are sent in order (the recorded history up to each step, greedy,
+``max_tokens`` small), up to ``concurrency`` sessions at a time. Each request
+asks the server to echo what it sent (``X-Pamer-Echo: 1``), so the evidence
+that survived the rewrite is measured on the real context. Around each policy
+run the client reads ``/metrics`` (counter deltas) and samples the KV-cache
+usage every ``kv_interval_s`` for its peak.
+
+Policies run one after another on the same server: the prefix cache the
+first run leaves behind can serve the next one, so compare prefill figures
+with that in mind (or restart the server between policies).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import msgspec
+
+from vllm_pamer.core.blocks import Message
+from vllm_pamer.replay import prometheus
+from vllm_pamer.replay.evidence import (
+    Kind,
+    available_count,
+    context_chars,
+    evidence_messages,
+    needed_values,
+    trajectory_kind,
+)
+from vllm_pamer.replay.records import RunSummary, StepRecord
+from vllm_pamer.trajectories import agent_requests
+from vllm_pamer.training.annotate import action_values
+
+# vLLM: "The decoder prompt (length N) is longer than the maximum model length of M";
+# OpenAI-style servers: "maximum context length".
+CONTEXT_ERROR_RE = re.compile(r"context length|maximum model length|max_model_len", re.IGNORECASE)
+# Templates without tool support see calls written as text (core/render.py); a
+# model imitating its history answers the same way.
+TOOL_CALL_TEXT_RE = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
+
+
+class ReplayStep(msgspec.Struct, frozen=True):
+    step: int
+    message_index: int
+    history: list[Message]
+    needed: list[str]
+    chars_original: int
+
+
+class TrajectoryPlan(msgspec.Struct, frozen=True):
+    trajectory_id: str
+    kind: Kind
+    tools: list[dict[str, Any]] | None
+    steps: list[ReplayStep]
+
+
+def plan_replay(trajectories: Iterable[Mapping[str, Any]], max_steps: int | None = None) -> list[TrajectoryPlan]:
+    """The requests to send (the first ``max_steps`` of each trajectory), with
+    the evidence each step's recorded action needs (pure; computed once for all
+    policies)."""
+    plans = []
+    for trajectory in trajectories:
+        kind = trajectory_kind(trajectory)
+        messages = trajectory["messages"]
+        steps = []
+        for step, (i, history) in enumerate(agent_requests(messages)):
+            if max_steps is not None and step >= max_steps:
+                break
+            needed = sorted(needed_values(history, messages[i], kind))
+            steps.append(ReplayStep(step, i, list(history), needed, context_chars(history)))
+        plans.append(TrajectoryPlan(str(trajectory.get("id", len(plans))), kind, trajectory.get("tools"), steps))
+    return plans
+
+
+@dataclass(frozen=True)
+class ReplaySettings:
+    url: str = "http://127.0.0.1:8000"
+    max_tokens: int = 64
+    concurrency: int = 1
+    timeout_s: float = 600.0
+    model: str | None = None
+    """Served model name (default: the first of ``GET /v1/models``)."""
+    kv_interval_s: float = 0.5
+    progress: bool = True
+
+
+def model_action(message: Mapping[str, Any]) -> tuple[str | None, str | None, str, list[str]]:
+    """(tool name, arguments, text, salient values) of the model's answer: its
+    first tool call, else a ``<tool_call>{...}</tool_call>`` written in its text."""
+    text = message.get("content") or ""
+    calls = message.get("tool_calls") or []
+    if not calls:
+        match = TOOL_CALL_TEXT_RE.search(text)
+        try:
+            parsed = json.loads(match.group(1)) if match else None
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict) and isinstance(parsed.get("name"), str):
+            arguments = parsed.get("arguments")
+            arguments = arguments if isinstance(arguments, str) else json.dumps(arguments)
+            calls = [{"function": {"name": parsed["name"], "arguments": arguments}}]
+    prose = TOOL_CALL_TEXT_RE.sub(" ", text).replace("<tool_call>", " ")  # the markup is not a value
+    values = sorted(action_values({"content": prose, "tool_calls": calls}))
+    if not calls:
+        return None, None, text, values
+    function = calls[0].get("function") or {}
+    return function.get("name"), function.get("arguments"), text, values
+
+
+async def scrape(client: httpx.AsyncClient, url: str) -> dict[str, float]:
+    """All samples of ``/metrics``; empty when the server has none."""
+    try:
+        response = await client.get(url.rstrip("/") + "/metrics", timeout=30)
+        response.raise_for_status()
+    except httpx.HTTPError:
+        return {}
+    return prometheus.parse_samples(response.text)
+
+
+async def served_model(client: httpx.AsyncClient, url: str) -> str:
+    response = await client.get(url.rstrip("/") + "/v1/models", timeout=30)
+    response.raise_for_status()
+    return response.json()["data"][0]["id"]
+
+
+async def _peak_kv(client: httpx.AsyncClient, url: str, interval_s: float, stop: asyncio.Event) -> float | None:
+    """Sample the KV-cache usage until ``stop``; the highest value seen."""
+    peak: float | None = None
+    while not stop.is_set():
+        usage = prometheus.kv_usage(await scrape(client, url))
+        if usage is not None:
+            peak = usage if peak is None else max(peak, usage)
+        try:
+            await asyncio.wait_for(stop.wait(), interval_s)
+        except asyncio.TimeoutError:
+            pass
+    return peak
+
+
+def _error_message(response: httpx.Response) -> str:
+    try:
+        return str(response.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return response.text[:2000]
+
+
+async def send_step(
+    client: httpx.AsyncClient,
+    settings: ReplaySettings,
+    model: str,
+    policy: str,
+    session_id: str,
+    plan: TrajectoryPlan,
+    step: ReplayStep,
+) -> StepRecord:
+    """One request; errors become records (a prompt over the window is ``beyond_window``)."""
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": step.history,
+        "max_tokens": settings.max_tokens,
+        "temperature": 0,
+    }
+    if plan.tools:
+        body["tools"] = plan.tools
+    headers = {"X-Session-ID": session_id, "X-Pamer-Policy": policy, "X-Pamer-Echo": "1"}
+    record = StepRecord(
+        policy=policy, trajectory_id=plan.trajectory_id, session_id=session_id, step=step.step,
+        message_index=step.message_index, status="ok", latency_s=0.0, needed=len(step.needed),
+        chars_original=step.chars_original,
+    )
+    started = time.perf_counter()
+    try:
+        response = await client.post(
+            settings.url.rstrip("/") + "/v1/chat/completions", json=body, headers=headers, timeout=settings.timeout_s
+        )
+    except httpx.HTTPError as exc:
+        record.latency_s = time.perf_counter() - started
+        record.status, record.error = "error", f"{type(exc).__name__}: {exc}"
+        return record
+    record.latency_s = time.perf_counter() - started
+    if response.status_code != 200:
+        record.error = _error_message(response)
+        beyond = response.status_code == 400 and CONTEXT_ERROR_RE.search(record.error)
+        record.status = "beyond_window" if beyond else "error"
+        return record
+
+    data = response.json()
+    pamer = dict(data.get("pamer") or {})
+    sent = pamer.pop("messages_sent", None)
+    usage = data.get("usage") or {}
+    record.pamer = pamer
+    record.prompt_tokens_in = pamer.get("prompt_tokens_in")
+    record.prompt_tokens_out = pamer.get("prompt_tokens_out")
+    record.usage_prompt_tokens = usage.get("prompt_tokens")
+    record.usage_completion_tokens = usage.get("completion_tokens")
+    message = (data.get("choices") or [{}])[0].get("message") or {}
+    record.action_tool, record.action_arguments, record.action_text, record.action_values = model_action(message)
+    if sent is not None:
+        record.available = available_count(step.needed, evidence_messages(sent, step.history, plan.kind))
+        record.availability = record.available / record.needed if record.needed else None
+        record.chars_sent = context_chars(sent)
+        record.chars_share = record.chars_sent / step.chars_original if step.chars_original else None
+    return record
+
+
+async def replay_policy(
+    client: httpx.AsyncClient, settings: ReplaySettings, model: str, policy: str, plans: Sequence[TrajectoryPlan]
+) -> tuple[list[StepRecord], RunSummary]:
+    """All trajectories under one policy, ``settings.concurrency`` sessions at a time."""
+    from tqdm import tqdm
+
+    gate = asyncio.Semaphore(max(1, settings.concurrency))
+    records: list[StepRecord] = []
+    bar = tqdm(total=sum(len(p.steps) for p in plans), desc=f"replay {policy}", unit="req", disable=not settings.progress)
+
+    async def run_session(plan: TrajectoryPlan) -> None:
+        session_id = f"{policy}-{uuid.uuid4().hex[:12]}"
+        async with gate:
+            for step in plan.steps:  # an agent waits for each answer before its next request
+                records.append(await send_step(client, settings, model, policy, session_id, plan, step))
+                bar.update(1)
+
+    before = await scrape(client, settings.url)
+    stop = asyncio.Event()
+    sampler = asyncio.create_task(_peak_kv(client, settings.url, settings.kv_interval_s, stop))
+    started = time.perf_counter()
+    try:
+        await asyncio.gather(*(run_session(plan) for plan in plans))
+    finally:
+        elapsed = time.perf_counter() - started
+        stop.set()
+        peak = await sampler
+        bar.close()
+    after = await scrape(client, settings.url)
+    records.sort(key=lambda r: (r.trajectory_id, r.step))
+    summary = RunSummary(
+        policy=policy,
+        trajectories=len(plans),
+        requests=len(records),
+        elapsed_s=elapsed,
+        metric_deltas=prometheus.deltas(prometheus.counters(before), prometheus.counters(after)),
+        kv_usage_peak=peak,
+    )
+    return records, summary
+
+
+async def replay(
+    settings: ReplaySettings, policies: Sequence[str], plans: Sequence[TrajectoryPlan]
+) -> tuple[list[StepRecord], list[RunSummary]]:
+    """Every policy in turn over the same plans."""
+    limits = httpx.Limits(max_connections=max(1, settings.concurrency) + 4)
+    async with httpx.AsyncClient(limits=limits) as client:
+        model = settings.model or await served_model(client, settings.url)
+        records: list[StepRecord] = []
+        runs: list[RunSummary] = []
+        for policy in policies:
+            policy_records, summary = await replay_policy(client, settings, model, policy, plans)
+            records += policy_records
+            runs.append(summary)
+    return records, runs
+
+
+def run_replay(
+    settings: ReplaySettings, policies: Sequence[str], plans: Sequence[TrajectoryPlan]
+) -> tuple[list[StepRecord], list[RunSummary]]:
+    """Synchronous entry point (the CLI and tests)."""
+    return asyncio.run(replay(settings, policies, plans))

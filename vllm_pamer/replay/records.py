@@ -1,0 +1,84 @@
+"""What a replay records: one ``StepRecord`` per request, one ``RunSummary`` per policy run.
+
+Shared by the client (writes them) and the report (reads them); both are
+plain msgspec structs, stored as JSON lines / JSON.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+Status = Literal["ok", "beyond_window", "error"]
+
+
+class StepRecord(msgspec.Struct, kw_only=True):
+    """One agent request of a replay: what was sent, what came back, what it kept."""
+
+    policy: str
+    trajectory_id: str
+    session_id: str
+    step: int
+    """Index among the trajectory's decision points (0-based)."""
+    message_index: int
+    """Index of the recorded next action; the request is ``messages[:message_index]``."""
+    status: Status
+    """``beyond_window``: the server refused the prompt as longer than the model window."""
+    latency_s: float
+    error: str = ""
+    prompt_tokens_in: int | None = None
+    prompt_tokens_out: int | None = None
+    usage_prompt_tokens: int | None = None
+    usage_completion_tokens: int | None = None
+    pamer: dict[str, Any] | None = None
+    """The response's ``pamer`` report without ``messages_sent``."""
+    action_tool: str | None = None
+    """Name of the tool the model called next (None: it answered in text)."""
+    action_arguments: str | None = None
+    action_text: str = ""
+    action_values: list[str] = []
+    """Salient values of the model's action (``annotate.action_values``)."""
+    needed: int = 0
+    """Values the recorded next action needs from the history (``evidence.needed_values``)."""
+    available: int | None = None
+    """Of those, how many an evidence message of ``messages_sent`` holds (None: nothing echoed)."""
+    availability: float | None = None
+    """``available / needed``; None when nothing is needed or nothing was echoed."""
+    chars_original: int = 0
+    chars_sent: int | None = None
+    chars_share: float | None = None
+
+
+class RunSummary(msgspec.Struct, kw_only=True):
+    """One policy's run over all trajectories, with the server's counters."""
+
+    policy: str
+    trajectories: int
+    requests: int
+    elapsed_s: float
+    metric_deltas: dict[str, float] = {}
+    """After minus before, per Prometheus sample (``name{labels}``)."""
+    kv_usage_peak: float | None = None
+    """Highest ``vllm:kv_cache_usage_perc`` sampled during the run (0-1)."""
+
+
+def write_records(path: str | Path, records: list[StepRecord]) -> None:
+    encoder = msgspec.json.Encoder()
+    with Path(path).open("wb") as handle:
+        for record in records:
+            handle.write(encoder.encode(record) + b"\n")
+
+
+def read_records(path: str | Path) -> list[StepRecord]:
+    decoder = msgspec.json.Decoder(StepRecord)
+    return [decoder.decode(line) for line in Path(path).read_bytes().splitlines() if line.strip()]
+
+
+def write_runs(path: str | Path, runs: list[RunSummary]) -> None:
+    Path(path).write_bytes(msgspec.json.format(msgspec.json.encode(runs)))
+
+
+def read_runs(path: str | Path) -> list[RunSummary]:
+    return msgspec.json.decode(Path(path).read_bytes(), type=list[RunSummary])

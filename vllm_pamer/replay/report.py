@@ -1,0 +1,220 @@
+"""Per-policy figures of a replay: a markdown table, JSON, records and a plot.
+
+From the per-request records and each run's counter deltas, per policy:
+
+* **tokens / trajectory** (paper eq. 45): input + output tokens of every
+  request, plus the plugin's own engine requests (summaries, embeddings, ...;
+  ``vllm_pamer_internal_*`` deltas, which are global, so they enter the mean,
+  not a per-trajectory split), divided by the trajectories replayed;
+* **mean peak context** (eq. 46): the largest ``prompt_tokens_out`` of each
+  trajectory, averaged over trajectories;
+* **prefill computed**: prompt tokens the engine actually computed over the
+  run, not served from the prefix cache (``prometheus.prefill_computed``);
+* **peak KV**: the highest sampled ``vllm:kv_cache_usage_perc``;
+* **steps/min**: requests answered per minute of the run;
+* **evidence availability** and **chars share**: pooled over requests
+  (needed values kept / needed values; characters sent / characters of the
+  full histories), the same pooling as ``evidence.recency_frontier``;
+* **next-action agreement with ``none``** (when it ran): on the steps both
+  answered, the share where the model called the same tool (or both answered
+  in text), and the mean Jaccard overlap of the two actions' salient values;
+* **beyond window**: requests the server refused as longer than the window.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from statistics import mean
+
+import msgspec
+
+from vllm_pamer.replay import prometheus
+from vllm_pamer.replay.records import RunSummary, StepRecord, write_records, write_runs
+
+BASELINE = "none"
+
+
+class PolicyRow(msgspec.Struct, kw_only=True):
+    policy: str
+    trajectories: int
+    requests: int
+    answered: int
+    beyond_window: int
+    errors: int
+    tokens_per_trajectory: float | None = None
+    internal_tokens: float = 0.0
+    mean_peak_context: float | None = None
+    prefill_computed: float | None = None
+    peak_kv_usage: float | None = None
+    steps_per_min: float | None = None
+    evidence_availability: float | None = None
+    chars_share: float | None = None
+    agree_tool: float | None = None
+    agree_args: float | None = None
+
+
+def jaccard(a: Sequence[str], b: Sequence[str]) -> float:
+    """Overlap of two value sets; two empty sets agree fully."""
+    sa, sb = set(a), set(b)
+    return len(sa & sb) / len(sa | sb) if sa | sb else 1.0
+
+
+def _ratio(numerator: float, denominator: float) -> float | None:
+    return numerator / denominator if denominator else None
+
+
+def policy_row(records: Sequence[StepRecord], run: RunSummary, baseline: Sequence[StepRecord] | None = None) -> PolicyRow:
+    ok = [r for r in records if r.status == "ok"]
+    row = PolicyRow(
+        policy=run.policy,
+        trajectories=run.trajectories,
+        requests=len(records),
+        answered=len(ok),
+        beyond_window=sum(r.status == "beyond_window" for r in records),
+        errors=sum(r.status == "error" for r in records),
+        peak_kv_usage=run.kv_usage_peak,
+    )
+    deltas = run.metric_deltas
+    row.internal_tokens = (prometheus.total(deltas, prometheus.INTERNAL_PROMPT) or 0.0) + (
+        prometheus.total(deltas, prometheus.INTERNAL_COMPLETION) or 0.0
+    )
+    request_tokens = sum(
+        (r.usage_prompt_tokens if r.usage_prompt_tokens is not None else r.prompt_tokens_out or 0)
+        + (r.usage_completion_tokens or 0)
+        for r in ok
+    )
+    row.tokens_per_trajectory = _ratio(request_tokens + row.internal_tokens, run.trajectories)
+
+    peaks: dict[str, int] = {}
+    for r in ok:
+        if r.prompt_tokens_out is not None:
+            peaks[r.trajectory_id] = max(peaks.get(r.trajectory_id, 0), r.prompt_tokens_out)
+    row.mean_peak_context = mean(peaks.values()) if peaks else None
+
+    row.prefill_computed = prometheus.prefill_computed(deltas)
+    row.steps_per_min = _ratio(len(ok), run.elapsed_s / 60.0)
+
+    echoed = [r for r in ok if r.available is not None]
+    row.evidence_availability = _ratio(sum(r.available or 0 for r in echoed), sum(r.needed for r in echoed))
+    shared = [r for r in ok if r.chars_sent is not None]
+    row.chars_share = _ratio(sum(r.chars_sent or 0 for r in shared), sum(r.chars_original for r in shared))
+
+    if baseline is not None and run.policy != BASELINE:
+        reference = {(r.trajectory_id, r.step): r for r in baseline if r.status == "ok"}
+        pairs = [(r, reference[k]) for r in ok if (k := (r.trajectory_id, r.step)) in reference]
+        if pairs:
+            row.agree_tool = mean(float(r.action_tool == b.action_tool) for r, b in pairs)
+            row.agree_args = mean(jaccard(r.action_values, b.action_values) for r, b in pairs)
+    return row
+
+
+def summarize(records: Sequence[StepRecord], runs: Sequence[RunSummary]) -> list[PolicyRow]:
+    """One row per run, in run order."""
+    by_policy: dict[str, list[StepRecord]] = defaultdict(list)
+    for r in records:
+        by_policy[r.policy].append(r)
+    baseline = by_policy.get(BASELINE) if any(run.policy == BASELINE for run in runs) else None
+    return [policy_row(by_policy.get(run.policy, []), run, baseline) for run in runs]
+
+
+def _fmt(value: float | int | None, kind: str = "num") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if kind == "pct":
+        return f"{value:.1%}"
+    if kind == "rate":
+        return f"{value:.2f}"
+    return f"{value:,.0f}"
+
+
+COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("policy", "policy", "str"),
+    ("trajectories", "trajectories", "num"),
+    ("answered", "requests answered", "num"),
+    ("beyond_window", "beyond window", "num"),
+    ("tokens_per_trajectory", "tokens / trajectory", "num"),
+    ("mean_peak_context", "mean peak context", "num"),
+    ("prefill_computed", "prefill computed", "num"),
+    ("peak_kv_usage", "peak KV", "pct"),
+    ("steps_per_min", "steps / min", "rate"),
+    ("evidence_availability", "evidence availability", "pct"),
+    ("chars_share", "chars share", "pct"),
+    ("agree_tool", "same tool as none", "pct"),
+    ("agree_args", "arg overlap with none", "rate"),
+)
+
+
+def markdown_table(rows: Sequence[PolicyRow]) -> str:
+    lines = ["| " + " | ".join(title for _, title, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for row in rows:
+        cells = [
+            str(getattr(row, field)) if kind == "str" else _fmt(getattr(row, field), kind) for field, _, kind in COLUMNS
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def context_per_turn(records: Sequence[StepRecord]) -> dict[str, dict[int, float]]:
+    """Mean ``prompt_tokens_out`` by step index, per policy."""
+    sums: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
+    for r in records:
+        if r.status == "ok" and r.prompt_tokens_out is not None:
+            sums[r.policy][r.step].append(r.prompt_tokens_out)
+    return {p: {s: mean(v) for s, v in sorted(steps.items())} for p, steps in sums.items()}
+
+
+def plot_context_per_turn(records: Sequence[StepRecord], path: str | Path) -> bool:
+    """The paper's Figure 3 for this replay: mean context per turn, one line per
+    policy. False (nothing written) without matplotlib or data."""
+    curves = context_per_turn(records)
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    if not curves:
+        return False
+    figure, axes = plt.subplots(figsize=(7, 4))
+    for policy, points in curves.items():
+        axes.plot(list(points), list(points.values()), label=policy, linewidth=1.5)
+    axes.set_xlabel("turn (decision point)")
+    axes.set_ylabel("mean prompt tokens sent")
+    axes.set_title("Context size per turn")
+    axes.grid(alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return True
+
+
+NOTES = """\
+Tokens / trajectory: input + output of every request plus the plugin's internal
+requests (eq. 45). Mean peak context: largest prompt sent per trajectory,
+averaged (eq. 46). Evidence availability and chars share are pooled over
+requests. Agreement: on the steps `none` also answered. Policies ran one after
+another on one server, so a later run may reuse prefix-cache blocks of an
+earlier one (prefill computed).
+"""
+
+
+def write_report(out_dir: str | Path, records: Sequence[StepRecord], runs: Sequence[RunSummary]) -> list[PolicyRow]:
+    """records.jsonl, runs.json, summary.json, report.md and context_per_turn.png in ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = summarize(records, runs)
+    write_records(out / "records.jsonl", list(records))
+    write_runs(out / "runs.json", list(runs))
+    (out / "summary.json").write_text(json.dumps(msgspec.to_builtins(rows), indent=2) + "\n")
+    table = markdown_table(rows)
+    plotted = plot_context_per_turn(records, out / "context_per_turn.png")
+    (out / "report.md").write_text(
+        "# Replay\n\n" + table + "\n\n" + NOTES + ("\n![context size per turn](context_per_turn.png)\n" if plotted else "")
+    )
+    return rows
