@@ -15,6 +15,14 @@ from vllm_pamer.core.render import render_tools_as_text, template_supports_tools
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
 
 
+def _as_object(arguments):
+    try:
+        parsed = json.loads(arguments)
+    except (TypeError, ValueError):
+        return arguments
+    return parsed if isinstance(parsed, dict) else arguments
+
+
 def _call(call_id, name, arguments):
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
@@ -33,7 +41,7 @@ def test_assistant_tool_calls_become_text():
     assert "read_file" in text and "ls" in text and "dir=src" in text
     calls = [json.loads(body) for body in TOOL_CALL.findall(text)]
     assert calls == [
-        {"name": "read_file", "arguments": '{"path": "a.py"}'},
+        {"name": "read_file", "arguments": {"path": "a.py"}},  # JSON arguments as an object (hermes)
         {"name": "ls", "arguments": "dir=src"},
     ]
     assert text.startswith("<tool_call>")  # no empty line for the null content
@@ -98,7 +106,8 @@ def test_render_property(messages):
         assert isinstance(rendered["content"], str)
         if original.get("tool_calls"):
             found = [json.loads(body) for body in TOOL_CALL.findall(rendered["content"])]
-            want = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in original["tool_calls"]]
+            want = [{"name": c["function"]["name"], "arguments": _as_object(c["function"]["arguments"])}
+                    for c in original["tool_calls"]]
             assert found == want
         if original["role"] == "tool":
             assert original["tool_call_id"] in rendered["content"].split("\n", 1)[0]

@@ -60,6 +60,8 @@ def cmd_serve(argv: list[str]) -> None:
     parser.add_argument("--pamer-heads", default=None, help="heads file (safetensors)")
     parser.add_argument("--pamer-embedder", default=None, help="served (default) or minilm")
     parser.add_argument("--pamer-no-capture", action="store_true")
+    parser.add_argument("--pamer-off", action="store_true",
+                        help="plain vLLM: the same model and flags without the plugin (A/B baselines)")
     ours, rest = parser.parse_known_args(argv)
     if "-h" in rest or "--help" in rest:
         print(__doc__)
@@ -125,12 +127,20 @@ def cmd_serve(argv: list[str]) -> None:
     except (UnknownPolicy, HeadsMismatch, ValueError, FileNotFoundError, RuntimeError) as exc:
         sys.exit(f"vllm-pamer: {exc}")
 
+    if ours.pamer_off:  # no plugin is loaded at all, so nothing of ours runs
+        os.environ["VLLM_PLUGINS"] = ""
+        _run_vllm_cli(["serve", model, *_cpu_defaults(rest)])
+        return
     os.environ.update(config.to_env())
     _enable_plugins(os.environ)
+    _run_vllm_cli(["serve", model, *_cpu_defaults(rest)])
+
+
+def _cpu_defaults(rest: list[str]) -> list[str]:
     if is_cpu_build() and not _has_flag(rest, "--gpu-memory-utilization"):
         # On CPU this is the share of RAM reserved for the KV cache.
-        rest += ["--gpu-memory-utilization", "0.2"]
-    _run_vllm_cli(["serve", model, *rest])
+        rest = rest + ["--gpu-memory-utilization", "0.2"]
+    return rest
 
 
 def cmd_prepare_model(argv: list[str]) -> None:

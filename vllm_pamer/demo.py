@@ -10,6 +10,7 @@ but they carry no meaning yet.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import subprocess
@@ -17,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from vllm_pamer.default_model import DEFAULT_MODEL_NAME, cache_root, ensure_default_model
+from vllm_pamer.default_model import DEFAULT_MODEL_NAME, cache_root, ensure_default_model, shipped_heads
 from vllm_pamer.trajectories import agent_requests, load_trajectories
 
 
@@ -111,7 +112,7 @@ def replay(base_url: str, model: str, trajectory: dict, session_id: str, max_ste
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="vllm-pamer demo", description=__doc__)
-    parser.add_argument("--policy", default="recent_k")
+    parser.add_argument("--policy", default=None, help="default: pamer with the shipped heads, else recent_k")
     parser.add_argument("--trajectory", default="airline-task14-trial1")
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--max-steps", type=int, default=None)
@@ -119,16 +120,23 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     model_dir = ensure_default_model()
-    heads = ensure_demo_heads(model_dir)
+    heads = shipped_heads()
+    if heads is not None:
+        about = "trained for this model, shipped in the package"
+    else:
+        heads, about = ensure_demo_heads(model_dir), "UNTRAINED random heads: logits are real, meaning is not"
+    args.policy = args.policy or ("pamer" if shipped_heads() else "recent_k")
     trajectories = {t["id"]: t for t in load_trajectories(kind="tau")}
     trajectory = trajectories[args.trajectory]
     log_path = cache_root() / "demo-server.log"
-    print(f"model: {model_dir}\nheads: {heads} (UNTRAINED random heads: logits are real, meaning is not)")
+    print(f"model: {model_dir}\nheads: {heads} ({about})")
     print(f"policy: {args.policy}; trajectory {trajectory['id']} ({len(trajectory['messages'])} messages); log: {log_path}")
 
     # --enforce-eager: torch.compile of the model costs over a minute on two
     # cores at first start and buys little for a 135M model.
     serve_args = ["--pamer-policy", args.policy, "--pamer-heads", str(heads), "--enforce-eager"]
+    if args.policy == "pamer":  # summaries of at most 256 tokens keep the CPU demo to minutes
+        serve_args += ["--pamer-policy-options", json.dumps({"summary_max_tokens": 256})]
     server = ServerProcess(serve_args, args.port, log_path)
     try:
         server.wait_ready()

@@ -28,6 +28,19 @@ def _text(content) -> str:
     return "".join(part.get("text", "") for part in content if isinstance(part, dict))
 
 
+def _arguments(arguments):
+    """JSON arguments as an object, so the text reads as the hermes format
+    (``{"name": ..., "arguments": {...}}``) that vLLM's parser turns back into
+    tool calls; anything else as it came."""
+    if isinstance(arguments, str):
+        try:
+            parsed = json.loads(arguments)
+        except ValueError:
+            return arguments
+        return parsed if isinstance(parsed, dict) else arguments
+    return arguments
+
+
 def render_tools_as_text(messages: Sequence[Message]) -> list[Message]:
     rendered: list[Message] = []
     for message in messages:
@@ -36,7 +49,7 @@ def render_tools_as_text(messages: Sequence[Message]) -> list[Message]:
             calls = [
                 "<tool_call>"
                 + json.dumps(
-                    {"name": call["function"].get("name"), "arguments": call["function"].get("arguments")},
+                    {"name": call["function"].get("name"), "arguments": _arguments(call["function"].get("arguments"))},
                     ensure_ascii=False,
                 )
                 + "</tool_call>"

@@ -189,12 +189,14 @@ class Sam(MemoryPolicy):
             numbers = [int(n) for n in args.get("pages", [])]
             goal = str(args.get("goal", "")).strip()
         except (ValueError, TypeError, AttributeError):
-            return 'memory error: arguments must be {"pages": [numbers], "goal": "text"}'
+            numbers, goal = [], ""
         bad = [n for n in numbers if not 1 <= n <= len(pages)]
         if not numbers or bad or len(numbers) > cfg.max_pages_per_call:
+            # the model reads the error as the tool's result and can call again
+            memory.store.log_event(session_id, "memory_tool", {"error": "bad arguments", "arguments": str(arguments)[:200]})
             return (
-                f"memory error: give 1 to {cfg.max_pages_per_call} page numbers between 1 and {len(pages)}"
-                + (f" ({bad} do not exist)" if bad else "")
+                f'memory error: call memory with {{"pages": [1 to {cfg.max_pages_per_call} page numbers '
+                f'between 1 and {len(pages)}], "goal": "what you need"}}' + (f"; {bad} do not exist" if bad else "")
             )
         chosen = {n: pages[n - 1] for n in dict.fromkeys(numbers)}
         raw = memory.store.raw_blocks(session_id, [b for m in chosen.values() for b in m.covered_block_ids])

@@ -1,0 +1,106 @@
+"""Serving overhead of the plugin: the same replay against (a) plain vLLM
+without the plugin (``vllm-pamer serve --pamer-off``) and (b) the plugin with
+capture and the five-head vote on and policy ``none``, in interleaved A/B
+rounds (a, b, a, b, ...), each round on a freshly started server with the same
+flags. Prints each round and the throughput ratio b/a.
+
+    .venv/bin/python benchmarks/overhead.py                      # 2 rounds, 4 trajectories
+    .venv/bin/python benchmarks/overhead.py --rounds 3 --trajectories 8 --concurrency 4
+
+Workload: the first ``--steps`` requests of ``--trajectories`` shipped tau-bench
+trajectories, as an agent sends them (whole history each step), ``--concurrency``
+sessions at a time, greedy, ``--max-tokens`` each. Throughput = requests per
+second of wall time over the whole workload (prompt tokens per second is
+printed too). The goal on GPU is b/a >= 0.99.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from vllm_pamer.default_model import DEFAULT_MODEL_NAME, ensure_default_model, shipped_heads  # noqa: E402
+from vllm_pamer.demo import ServerProcess, ensure_demo_heads  # noqa: E402
+from vllm_pamer.trajectories import agent_requests, load_trajectories  # noqa: E402
+from tests.e2e.helpers import free_port  # noqa: E402
+
+
+async def workload(url: str, sessions: list[list[list[dict]]], concurrency: int, max_tokens: int) -> tuple[float, int, int]:
+    """Seconds, requests and prompt tokens for the whole workload."""
+    gate = asyncio.Semaphore(concurrency)
+    prompt_tokens = 0
+
+    async def one_session(index: int, steps: list[list[dict]], client: httpx.AsyncClient) -> int:
+        nonlocal prompt_tokens
+        async with gate:
+            for history in steps:
+                body = {"model": DEFAULT_MODEL_NAME, "messages": history, "max_tokens": max_tokens, "temperature": 0}
+                response = await client.post(f"{url}/v1/chat/completions", json=body,
+                                             headers={"X-Session-ID": f"overhead-{index}"})
+                response.raise_for_status()
+                prompt_tokens += response.json()["usage"]["prompt_tokens"]
+        return len(steps)
+
+    async with httpx.AsyncClient(timeout=600) as client:
+        start = time.perf_counter()
+        done = await asyncio.gather(*(one_session(i, s, client) for i, s in enumerate(sessions)))
+        return time.perf_counter() - start, sum(done), prompt_tokens
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=2, help="A/B pairs (default 2)")
+    parser.add_argument("--trajectories", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=8, help="requests per trajectory")
+    parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--serve-args", default="--enforce-eager", help="extra vLLM flags for both servers")
+    args = parser.parse_args()
+
+    model_dir = ensure_default_model(quiet=True)
+    heads = shipped_heads() or ensure_demo_heads(model_dir)
+    trajectories = load_trajectories(kind="tau")[: args.trajectories]
+    sessions = [[h for _, h in agent_requests(t["messages"])][: args.steps] for t in trajectories]
+    configs = {
+        "a: plain vLLM": ["--pamer-off"],
+        "b: plugin, capture + vote, policy none": ["--pamer-policy", "none", "--pamer-heads", str(heads)],
+    }
+    results: dict[str, list[tuple[float, int, int]]] = {name: [] for name in configs}
+    logs = Path(tempfile.mkdtemp(prefix="overhead-"))
+    order = [name for _ in range(args.rounds) for name in configs]
+    for index, name in enumerate(tqdm(order, desc="A/B rounds")):
+        server = ServerProcess([*configs[name], *args.serve_args.split()], free_port(), logs / f"{index}.log")
+        try:
+            server.wait_ready(timeout=900, progress=False)
+            asyncio.run(workload(server.base_url, sessions[:1], 1, args.max_tokens))  # warm-up
+            seconds, requests, prompt = asyncio.run(workload(server.base_url, sessions, args.concurrency, args.max_tokens))
+        finally:
+            server.stop()
+        results[name].append((seconds, requests, prompt))
+        tqdm.write(f"round {index // 2 + 1} {name}: {requests} requests in {seconds:.2f} s "
+                   f"({requests / seconds:.3f} req/s, {prompt / seconds:.0f} prompt tok/s)")
+
+    print(f"\n| server | rounds | req/s (median) | prompt tok/s (median) |\n|---|---|---|---|")
+    rates = {}
+    for name, runs in results.items():
+        rates[name] = statistics.median(r / s for s, r, _ in runs)
+        print(f"| {name} | {len(runs)} | {rates[name]:.3f} | {statistics.median(p / s for s, _, p in runs):.0f} |")
+    a, b = rates.values()
+    pairs = [rb[1] / rb[0] / (ra[1] / ra[0]) for ra, rb in zip(*results.values())]
+    print(f"\nthroughput b/a: {b / a:.3f} (median of rates); per round: {', '.join(f'{p:.3f}' for p in pairs)}")
+    print(f"workload: {len(sessions)} trajectories x {args.steps} steps, concurrency {args.concurrency}, "
+          f"max_tokens {args.max_tokens}; server logs in {logs}")
+
+
+if __name__ == "__main__":
+    main()
