@@ -32,7 +32,8 @@ from vllm_pamer.replay.report import markdown_table, write_report  # noqa: E402
 from vllm_pamer.trajectories import load_trajectories  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "trajectories"
-POLICIES = "none,recent_k,sliding_window,discard_tool,periodic_summary,rolling_summary,pamer,pamer_plus,sam"
+POLICIES = ("none,recent_k,recent_10,discard_tool,periodic_summary,rolling_summary,"
+            "pamer,pamer_unstable,pamer_plus,sam")
 
 
 def main() -> None:
@@ -60,6 +61,9 @@ def main() -> None:
         "periodic_summary": {"summary_max_tokens": n},
         "rolling_summary": {"summary_max_tokens": n},
         "sam": {"cue_max_tokens": n, "recall_max_tokens": n},
+        "recent_10": {"policy": "recent_k", "k": 10},
+        # PaMER without stable recall: what the margin buys in prefix-cache reuse
+        "pamer_unstable": {"policy": "pamer", "summary_max_tokens": n, "stable_recall": False},
     }
     trajectories = []
     for name, count in (("tau_airline", args.tau), ("mini_swe", args.swe)):

@@ -303,3 +303,15 @@ def test_pipeline_recent_k_output_is_protocol_safe(conv, k):
     assert _same_objects(outcome.messages[: len(prefix)], prefix)
     assert outcome.action == ("rewritten" if len(parts) > k else "none")
     assert len(outcome.messages) == len(prefix) + sum(len(b) for b in parts[max(0, len(parts) - k) :])
+
+
+def test_variant_serves_a_policy_under_its_own_name():
+    from vllm_pamer.core.policies import create_variant
+
+    variant = create_variant("recent_10", {"policy": "recent_k", "k": 10})
+    assert variant.name == "recent_10" and variant.config.k == 10
+    assert create_variant("recent_k").name == "recent_k"  # plain names stay plain
+    with pytest.raises(ValueError, match="hide"):
+        create_variant("none", {"policy": "recent_k"})
+    with pytest.raises(ValueError, match="bad options"):
+        create_variant("recent_0", {"policy": "recent_k", "k": 0})

@@ -85,7 +85,7 @@ def cmd_serve(argv: list[str]) -> None:
             rest += ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
 
     from vllm_pamer.core.heads import HeadsMismatch, load_heads
-    from vllm_pamer.core.policies import UnknownPolicy, create_policy, policy_class
+    from vllm_pamer.core.policies import UnknownPolicy, create_policy, create_variant, policy_class
 
     config = PamerConfig.from_env()
     overrides = {}
@@ -112,7 +112,7 @@ def cmd_serve(argv: list[str]) -> None:
         cls = policy_class(config.default_policy)
         create_policy(config.default_policy, config.policy_options)  # bad options: an error now
         for name, options in config.options_by_policy.items():
-            create_policy(name, options)
+            create_variant(name, options)
         if config.heads:
             load_heads(config.heads).check_model(_model_fingerprint(model), config.heads)
         elif cls.requires_heads:

@@ -32,7 +32,7 @@ from vllm_pamer.channel import CAPTURE_KEY, SESSION_KEY, CaptureInbox, CaptureRe
 from vllm_pamer.config import PamerConfig
 from vllm_pamer.core.blocks import MalformedRequest, check_message_shape
 from vllm_pamer.core.pipeline import RewriteOutcome, rewrite_request
-from vllm_pamer.core.policies import MemoryPolicy, UnknownPolicy, create_policy, policy_class
+from vllm_pamer.core.policies import MemoryPolicy, UnknownPolicy, create_variant, policy_class
 from vllm_pamer.core.memory_store import MemoryStore
 from vllm_pamer.core.policies.pamer import PamerContext
 from vllm_pamer.core.render import render_tools_as_text, template_supports_tools
@@ -114,15 +114,15 @@ class PamerServer:
     def policy(self, name: str, options: dict | None = None) -> MemoryPolicy:
         """The policy instance for ``name`` (created once; raises UnknownPolicy)."""
         if name not in self._policies:
-            cls = policy_class(name)
+            if options is None:
+                options = self.config.options_by_policy.get(name)
+            cls = policy_class((options or {}).get("policy", name))
             if cls.requires_heads and not self.has_heads:
                 raise UnknownPolicy(
                     f"policy {name!r} needs a heads file for the served model "
                     "(--pamer-heads); none is loaded"
                 )
-            if options is None:
-                options = self.config.options_by_policy.get(name)
-            self._policies[name] = create_policy(name, options)
+            self._policies[name] = create_variant(name, options)
         return self._policies[name]
 
     async def on_capture(self, key: str, session: SessionState | None, policy: MemoryPolicy) -> CaptureRecord | None:

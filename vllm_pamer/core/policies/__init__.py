@@ -10,6 +10,7 @@ from vllm_pamer.core.policies.base import (
     UnknownPolicy,
     available_policies,
     create_policy,
+    create_variant,
     policy_class,
     register_policy,
 )
@@ -23,6 +24,7 @@ __all__ = [
     "UnknownPolicy",
     "available_policies",
     "create_policy",
+    "create_variant",
     "policy_class",
     "register_policy",
 ]

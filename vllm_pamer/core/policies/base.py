@@ -105,6 +105,19 @@ def policy_class(name: str) -> type[MemoryPolicy]:
         ) from None
 
 
+def create_variant(name: str, options: dict[str, Any] | None = None) -> MemoryPolicy:
+    """A policy under its own name: ``options`` may name the registered policy
+    it configures (``{"policy": "recent_k", "k": 10}`` as ``recent_10``), so
+    variants of one policy can be served and compared side by side."""
+    options = dict(options or {})
+    base = options.pop("policy", name)
+    if base != name and name in _REGISTRY:
+        raise ValueError(f"variant {name!r} would hide the registered policy of that name")
+    policy = create_policy(base, options)
+    policy.name = name  # reports and metrics show the variant's name
+    return policy
+
+
 def create_policy(name: str, options: dict[str, Any] | None = None) -> MemoryPolicy:
     """Build a policy from its name and a plain dict of options (validated)."""
     cls = policy_class(name)
