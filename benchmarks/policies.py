@@ -73,10 +73,14 @@ def main() -> None:
     log = Path(tempfile.mkdtemp(prefix="policies-")) / "server.log"
     serve = ["--pamer-policy", "none", "--pamer-heads", str(heads), "--pamer-options-by-policy", json.dumps(options),
              *args.serve_args.split()]
-    server = ServerProcess(serve, free_port(), log, env={"PAMER_STORE": str(log.parent / "memory.sqlite3")})
+    # dev mode serves POST /reset_prefix_cache: each policy starts from an empty
+    # prefix cache, so "prefill computed" compares across policies
+    env = {"PAMER_STORE": str(log.parent / "memory.sqlite3"), "VLLM_SERVER_DEV_MODE": "1"}
+    server = ServerProcess(serve, free_port(), log, env=env)
     try:
         server.wait_ready(timeout=900)
-        settings = ReplaySettings(url=server.base_url, max_tokens=args.max_tokens, concurrency=args.concurrency)
+        settings = ReplaySettings(url=server.base_url, max_tokens=args.max_tokens, concurrency=args.concurrency,
+                                  reset_prefix_cache=True)
         records, runs = run_replay(settings, [p for p in args.policies.split(",") if p], plans)
     finally:
         server.stop()

@@ -133,3 +133,13 @@ def test_pamer_recall_text_stays_identical_while_the_query_drifts(store):
     stable = recalled(create_policy("pamer", {"top_k": 2}))
     assert plain[0] != plain[1]
     assert stable[0] == stable[1] == plain[0]
+
+
+def test_selection_schema_accepts_exactly_the_selection_shape():
+    import msgspec
+
+    from vllm_pamer.core.selection import StepSelection
+
+    assert set(SELECTION_SCHEMA["properties"]) == set(StepSelection.__struct_fields__)
+    assert set(SELECTION_SCHEMA["required"]) == set(StepSelection.__struct_fields__)
+    msgspec.json.decode(b'{"summary_ids": [1], "raw_steps_needed": ["1.3"]}', type=StepSelection)

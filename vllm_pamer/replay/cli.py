@@ -45,6 +45,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", default=None, metavar="DIR", help="report directory (required unless --frontier)")
     parser.add_argument("--frontier", action="store_true", help="print recent_k's evidence frontier offline and exit")
     parser.add_argument("--frontier-k", default="2,10,20", help="k values for --frontier (default %(default)s)")
+    parser.add_argument("--reset-prefix-cache", action="store_true",
+                        help="empty the server's prefix cache before each policy (server started with "
+                             "VLLM_SERVER_DEV_MODE=1), so prefill figures compare across policies")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
 
@@ -69,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     settings = ReplaySettings(
         url=args.url, max_tokens=args.max_tokens, concurrency=args.concurrency, timeout_s=args.timeout,
-        model=args.model, progress=not args.no_progress,
+        model=args.model, progress=not args.no_progress, reset_prefix_cache=args.reset_prefix_cache,
     )
     plans = plan_replay(tqdm(trajectories, desc="evidence", unit="traj", disable=args.no_progress), args.max_steps)
     print(f"replaying {len(plans)} trajectories ({sum(len(p.steps) for p in plans)} requests each run) "

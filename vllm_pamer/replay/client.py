@@ -92,6 +92,10 @@ class ReplaySettings:
     """Served model name (default: the first of ``GET /v1/models``)."""
     kv_interval_s: float = 0.5
     progress: bool = True
+    reset_prefix_cache: bool = False
+    """Empty vLLM's prefix cache before each policy (``POST /reset_prefix_cache``,
+    served when the server runs with ``VLLM_SERVER_DEV_MODE=1``), so no policy
+    reuses the prefixes an earlier one computed: prefill figures compare."""
 
 
 def model_action(message: Mapping[str, Any]) -> tuple[str | None, str | None, str, list[str]]:
@@ -230,6 +234,11 @@ async def replay_policy(
                 records.append(await send_step(client, settings, model, policy, session_id, plan, step))
                 bar.update(1)
 
+    if settings.reset_prefix_cache:
+        response = await client.post(f"{settings.url}/reset_prefix_cache")
+        if response.status_code != 200:
+            raise RuntimeError(f"prefix cache reset refused ({response.status_code}): start the server "
+                               "with VLLM_SERVER_DEV_MODE=1 or replay without the reset")
     before = await scrape(client, settings.url)
     stop = asyncio.Event()
     sampler = asyncio.create_task(_peak_kv(client, settings.url, settings.kv_interval_s, stop))

@@ -198,9 +198,10 @@ NOTES = """\
 Tokens / trajectory: input + output of every request plus the plugin's internal
 requests (eq. 45). Mean peak context: largest prompt sent per trajectory,
 averaged (eq. 46). Evidence availability and chars share are pooled over
-requests. Agreement: on the steps `none` also answered. Policies ran one after
-another on one server, so a later run may reuse prefix-cache blocks of an
-earlier one (prefill computed).
+requests. Agreement: on the steps `none` also answered. Policies run one after
+another on one server: unless the prefix cache is emptied before each
+(`--reset-prefix-cache`, as benchmarks/policies.py does), a later run may reuse
+prefix-cache blocks of an earlier one (prefill computed).
 """
 
 

@@ -100,7 +100,10 @@ class EngineServices:
         return await self._generate(ids, max_tokens, kind, json_schema)
 
     async def _generate(self, ids: list[int], max_tokens: int, kind: str, json_schema: dict | None = None) -> str:
-        structured = StructuredOutputsParams(json=json_schema) if json_schema is not None else None
+        # no free whitespace: a constrained answer cannot pad itself to max_tokens
+        structured = (
+            StructuredOutputsParams(json=json_schema, disable_any_whitespace=True) if json_schema is not None else None
+        )
         params = SamplingParams(
             temperature=0.0, max_tokens=max_tokens, structured_outputs=structured, extra_args={SESSION_KEY: ""}
         )

@@ -33,7 +33,19 @@ from vllm_pamer.core.policies.pamer import (
 )
 from vllm_pamer.core.selection import SelectionResult, StepSelection, validate_selection
 
-SELECTION_SCHEMA = msgspec.json.schema(StepSelection)
+# StepSelection's JSON schema, bounded: a small model under a loose schema can
+# write until max_tokens and leave the JSON unfinished.
+SELECTION_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "summary_ids": {"type": "array", "items": {"type": "integer"}, "maxItems": 3},
+        "raw_steps_needed": {
+            "type": "array", "items": {"type": "string", "pattern": "^[0-9]{1,6}[.][0-9]{1,4}$"}, "maxItems": 8,
+        },
+    },
+    "required": ["summary_ids", "raw_steps_needed"],
+    "additionalProperties": False,
+}
 EVIDENCE_HEADER = "Recalled evidence from archived steps"
 _CITED = re.compile(r"\[step (\d+\.\d+)\]")
 
