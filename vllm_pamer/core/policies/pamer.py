@@ -147,34 +147,29 @@ async def with_retries(
     raise RuntimeError(f"{what} failed after {attempts} attempts: {type(last).__name__}: {last}")
 
 
-def cosine_top_k(query: np.ndarray, memories: Sequence[Memory], k: int) -> list[Memory]:
-    """Top-k memories by cosine; zero vectors never match; ties -> lower id."""
+def cosine_scores(query: np.ndarray, memories: Sequence[Memory]) -> dict[int, float]:
+    """Cosine of the query with each memory, by id; zero vectors (query or
+    memory) never score. Embeddings of another dimension are an error."""
     q = np.asarray(query, dtype=np.float64).reshape(-1)
     q_norm = np.linalg.norm(q)
     if q_norm == 0:
-        return []
-    scored = []
+        return {}
+    scores = {}
     for memory in memories:
-        e = memory.embedding.astype(np.float64)
+        e = memory.embedding.astype(np.float64).reshape(-1)
         if e.shape != q.shape:
             raise ValueError(f"memory {memory.id} has embedding dim {e.shape[0]}, query has {q.shape[0]}")
         norm = np.linalg.norm(e)
         if norm > 0:
-            scored.append((-float(q @ e / (q_norm * norm)), memory.id, memory))
-    scored.sort(key=lambda item: (item[0], item[1]))
-    return [memory for _, _, memory in scored[:k]]
-
-
-def cosine_scores(query: np.ndarray, memories: Sequence[Memory]) -> dict[int, float]:
-    """Cosine of the query with each memory (zero vectors score -1)."""
-    q = np.asarray(query, dtype=np.float64).reshape(-1)
-    q_norm = np.linalg.norm(q) or 1.0
-    scores = {}
-    for memory in memories:
-        e = memory.embedding.astype(np.float64).reshape(-1)
-        norm = np.linalg.norm(e)
-        scores[memory.id] = float(q @ e / (q_norm * norm)) if norm > 0 and e.shape == q.shape else -1.0
+            scores[memory.id] = float(q @ e / (q_norm * norm))
     return scores
+
+
+def cosine_top_k(query: np.ndarray, memories: Sequence[Memory], k: int) -> list[Memory]:
+    """Top-k memories by cosine; zero vectors never match; ties -> lower id."""
+    scores = cosine_scores(query, memories)
+    ranked = sorted((m for m in memories if m.id in scores), key=lambda m: (-scores[m.id], m.id))
+    return ranked[:k]
 
 
 def stable_selection(
