@@ -10,47 +10,34 @@ import asyncio
 import copy
 import itertools
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.chat_strategies import conversations, join
+from tests.test_pamer import COMPRESS, KEEP
+from tests.test_sam import SamServices
 from vllm_pamer.core.blocks import protocol_issues, split_conversation
 from vllm_pamer.core.memory_store import MemoryStore
 from vllm_pamer.core.pipeline import rewrite_request
-from vllm_pamer.core.policies import HeadVote, PolicyRequest, available_policies, create_policy
+from vllm_pamer.core.policies import PolicyRequest, available_policies, create_policy
 from vllm_pamer.core.policies.baselines import RecentK, SlidingWindow, _LastBlocks
 from vllm_pamer.core.policies.pamer import MEMORY_HEADER, PamerContext
 from vllm_pamer.core.policies.summaries import NO_EMBEDDER
 
-COMPRESS = HeadVote((5.0,) * 5, 5, True)
-KEEP = HeadVote((-5.0,) * 5, 0, False)
-
-
-class Services:
-    """4 characters a token; the summary lists the ``ID..`` words of its source."""
-
-    embedder_name = "bag-of-words"
+class Services(SamServices):
+    """test_sam's stand-in (4 characters a token; a summary lists the ``ID..``
+    words of its source; ``complete`` for PaMER+ and SAM), recording sources."""
 
     def __init__(self, summary_error: Exception | None = None) -> None:
+        super().__init__()
         self.summary_error = summary_error
         self.sources: list[str] = []
 
     async def summarize(self, source: str, max_tokens: int) -> str:
-        if self.summary_error:
-            raise self.summary_error
+        summary = await super().summarize(source, max_tokens)  # raises summary_error first
         self.sources.append(source)
-        return "SUMMARY " + " ".join(sorted({w for w in source.split() if w.startswith("ID")}))
-
-    async def embed(self, text: str) -> np.ndarray:
-        vector = np.zeros(8, dtype=np.float32)
-        for word in text.split():
-            vector[sum(word.encode()) % 8] += 1
-        return vector
-
-    def count_tokens(self, messages) -> int:
-        return sum(len(str(m.get("content") or "")) + len(str(m.get("tool_calls") or "")) for m in messages) // 4
+        return summary
 
 
 def chat(n_blocks: int, chars: int = 400) -> list[dict]:
@@ -292,6 +279,7 @@ OPTIONS = {
     "rolling_summary": {"trigger_tokens": 1, "retained_blocks": 1},
     "pamer": {"min_candidate_tokens": 1, "retained_blocks": 1},
     "pamer_plus": {"min_candidate_tokens": 1, "retained_blocks": 1},
+    "sam": {"trigger_tokens": 1, "page_tokens": 50, "retained_blocks": 1},
 }
 POLICIES = [name for name in available_policies() if not name.startswith("test_")]
 _sessions = itertools.count()

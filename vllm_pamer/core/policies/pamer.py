@@ -55,20 +55,30 @@ class MemoryServices(Protocol):
     def count_tokens(self, messages: Sequence[Message]) -> int: ...
 
 
-class PamerConfig(PolicyConfig, frozen=True):
-    """Controller settings; defaults are the paper's Table 14."""
+class SummaryConfig(PolicyConfig, frozen=True):
+    """Settings of every policy that writes summaries (PaMER, the summary
+    baselines); defaults are the paper's Table 14."""
 
     retained_blocks: int = 2
     """Most recent complete blocks always kept raw (R)."""
-    min_candidate_tokens: int = 1024
-    """Compression gate: tokens(O) must reach this."""
-    top_k: int = 3
-    """Memories recalled per request."""
     summary_source_chars: int = 40_000
     """A longer source is covered from its beginning and its end."""
     summary_max_tokens: int = 1024
     summary_timeout_s: float = 100.0
     summary_attempts: int = 8
+
+    def __post_init__(self) -> None:
+        if self.retained_blocks < 0:
+            raise ValueError("retained_blocks must be >= 0")
+
+
+class PamerConfig(SummaryConfig, frozen=True):
+    """Controller settings; defaults are the paper's Table 14."""
+
+    min_candidate_tokens: int = 1024
+    """Compression gate: tokens(O) must reach this."""
+    top_k: int = 3
+    """Memories recalled per request."""
     embed_timeout_s: float = 30.0
     embed_attempts: int = 8
     query_chars: int = 30_000

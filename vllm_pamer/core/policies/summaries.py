@@ -25,13 +25,13 @@ from vllm_pamer.core.blocks import Block, Message
 from vllm_pamer.core.memory_store import Memory, StoreError
 from vllm_pamer.core.policies.base import (
     MemoryPolicy,
-    PolicyConfig,
     PolicyDecision,
     PolicyRequest,
     register_policy,
 )
 from vllm_pamer.core.policies.pamer import (
     PamerContext,
+    SummaryConfig,
     cap_head_and_tail,
     memory_message,
     serialize_messages,
@@ -44,22 +44,6 @@ NO_EMBEDDER = "none"
 (which searches only memories of the current embedder) never searches them."""
 NO_EMBEDDING = np.zeros(1, dtype=np.float32)
 """These policies never search, so they store a placeholder, not an embedding."""
-
-
-class SummaryConfig(PolicyConfig, frozen=True):
-    """Settings shared by the summary baselines (defaults as PamerConfig)."""
-
-    retained_blocks: int = 2
-    """Most recent live blocks always kept raw."""
-    summary_source_chars: int = 40_000
-    """A longer summary source is covered from its beginning and its end."""
-    summary_max_tokens: int = 1024
-    summary_timeout_s: float = 100.0
-    summary_attempts: int = 8
-
-    def __post_init__(self) -> None:
-        if self.retained_blocks < 0:
-            raise ValueError("retained_blocks must be >= 0")
 
 
 class PeriodicSummaryConfig(SummaryConfig, frozen=True):
