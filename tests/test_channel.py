@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import zmq
 
-from vllm_pamer.channel import CHANNEL_ENV, CaptureInbox, CapturePublisher, CaptureRecord
+from vllm_pamer.channel import CHANNEL_ENV, CaptureInbox, CapturePublisher, CaptureReceiver, CaptureRecord
 
 
 @pytest.fixture
@@ -165,3 +165,28 @@ def test_publisher_takes_the_address_from_the_environment(monkeypatch, address, 
     publisher = publishers(None)
     assert publisher.address == address
     assert publisher._socket is not None
+
+
+def test_publisher_to_receiver_with_layer_taps(address, publishers):
+    """The offline end (extraction): blocking receive, undecodable payloads
+    skipped, layer states travel with the record."""
+    receiver = CaptureReceiver(address)
+    try:
+        push = zmq.Context.instance().socket(zmq.PUSH)
+        push.connect(address)
+        push.send(b"not msgpack")
+        push.close(linger=1000)
+        hidden = np.arange(4, dtype="<f4")
+        layers = np.arange(2 * 3 * 4, dtype="<f4").reshape(2, 3, 4)
+        publisher = publishers(address)
+        publisher.publish(CaptureRecord(key="a", request_id="r", session_id=None, num_prompt_tokens=9,
+                                        hidden=hidden.tobytes(), layers=layers.tobytes(), layer_tokens=9))
+        publisher.publish(_record(1))
+        records = receiver.drain(expect=2, timeout_s=5.0)
+        assert [r.key for r in records] == ["a", _record(1).key]
+        np.testing.assert_array_equal(records[0].layer_states(), layers)
+        assert records[0].layer_tokens == 9 and records[1].layer_states() is None
+        assert receiver.receive(10) is None
+    finally:
+        receiver.close()
+    assert receiver.receive(10) is None  # closed: nothing, no error

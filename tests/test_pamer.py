@@ -210,7 +210,10 @@ def test_summary_written_ahead_is_committed_by_the_next_request(store, new_block
         first = await rewrite_request(t, "s1", policy, KEEP, context)
         assert first.action == "none"
         await policy.on_vote("s1", COMPRESS, context)  # request t's vote, at its prefill
-        await asyncio.sleep(0.05)
+        for _ in range(500):  # the summary runs in the background: wait for it, up to 5 s
+            if services.summaries:
+                break
+            await asyncio.sleep(0.01)
         assert services.summaries == 1  # written before request t+1 exists
         later = conversation(7 + new_blocks)
         return await rewrite_request(later, "s1", policy, COMPRESS, context), later

@@ -436,7 +436,7 @@ def test_end_to_end_train_writes_loadable_heads(tmp_path):
         assert metrics.auroc(y, logits[:, h].numpy()) > 0.9
     assert metrics.f1_score(y, decision.numpy()) > 0.7
     text = (report / "report.md").read_text()
-    for needed in ("Beside the paper", "Does the hidden state beat the controls", "Layerwise", "0.831", "0.758"):
+    for needed in ("Beside the paper", "Does the hidden state beat the controls", "Across layers", "0.831", "0.758"):
         assert needed in text
     pytest.importorskip("matplotlib")
     assert (report / "roc.png").stat().st_size > 1000 and (report / "auroc.png").stat().st_size > 1000

@@ -46,9 +46,21 @@ class CaptureRecord(msgspec.Struct, array_like=True):
     decision: bool | None = None
     heads_error: str | None = None
     """Why the heads could not be evaluated (the probe-failure fallback)."""
+    layers: bytes | None = None
+    """Layer taps (``PAMER_CAPTURE_LAYERS``): ``[2, n_taps, d]`` float32, the
+    last prompt token then the mean over the prompt's computed tokens."""
+    layer_tokens: int | None = None
+    """Prompt tokens the mean covers (fewer than the prompt on a prefix-cache hit)."""
 
     def hidden_state(self) -> np.ndarray:
         return np.frombuffer(self.hidden, dtype="<f4")
+
+    def layer_states(self) -> np.ndarray | None:
+        """``[2, n_taps, d]`` (last, mean) or None when no layers were tapped."""
+        if self.layers is None:
+            return None
+        width = len(self.hidden) // 4
+        return np.frombuffer(self.layers, dtype="<f4").reshape(2, -1, width)
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -88,6 +100,44 @@ class CapturePublisher:
             self._socket.send(_encoder.encode(record), flags=self._zmq.NOBLOCK)
         except self._zmq.Again:
             self.dropped += 1
+
+
+class CaptureReceiver:
+    """Offline side (extraction, tests): a blocking PULL end bound here."""
+
+    def __init__(self, address: str) -> None:
+        import zmq
+
+        self.address = address
+        self._socket = zmq.Context.instance().socket(zmq.PULL)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.bind(address)
+
+    def receive(self, timeout_ms: int) -> CaptureRecord | None:
+        """The next record, or None when none came within ``timeout_ms`` (or it did not decode)."""
+        if self._socket is None or not self._socket.poll(timeout_ms):
+            return None
+        try:
+            return _decoder.decode(self._socket.recv())
+        except msgspec.DecodeError:
+            return None
+
+    def drain(self, expect: int, timeout_s: float = 10.0) -> list[CaptureRecord]:
+        """Records until ``expect`` have come and the channel is quiet, or ``timeout_s``."""
+        records: list[CaptureRecord] = []
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            record = self.receive(100)
+            if record is not None:
+                records.append(record)
+            elif len(records) >= expect:
+                break
+        return records
+
+    def close(self) -> None:
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
 
 
 class CaptureInbox:

@@ -40,6 +40,10 @@ class PamerConfig(msgspec.Struct, frozen=True, kw_only=True):
     ``<PAMER_CACHE>/memory.sqlite3``)."""
     capture: bool = True
     """Capture the final state at every completed prefill (``PAMER_CAPTURE``)."""
+    capture_layers: str | None = None
+    """Also tap these decoder blocks (1-based, e.g. ``"4,8,15,22"``) and the
+    final norm, last token and prompt mean (``PAMER_CAPTURE_LAYERS``): the depth
+    diagnostic of ``vllm-pamer extract --layers``; needs eager execution."""
 
     @property
     def default_policy(self) -> str:

@@ -6,42 +6,20 @@ over several prefill chunks or asks for prompt logprobs."""
 from __future__ import annotations
 
 import os
-import time
 import uuid
 
-import msgspec
 import numpy as np
 import pytest
 import torch
 
 from tests.engine.tiny_models import build_tiny_model, hf_last_token_states
-from vllm_pamer.channel import CAPTURE_KEY, CHANNEL_ENV, CaptureRecord
+from vllm_pamer.channel import CAPTURE_KEY, CHANNEL_ENV, CaptureReceiver
 from vllm_pamer.core.heads import ModelFingerprint, load_heads, random_heads, save_heads
 from kernels import five_head_vote_reference
 
 pytestmark = pytest.mark.engine
 
 CHUNK = 64  # prefill token budget per step: prompts above it are chunked
-
-
-class Collector:
-    """PULL end of the capture channel, bound in the test process."""
-
-    def __init__(self, address: str) -> None:
-        import zmq
-
-        self.socket = zmq.Context.instance().socket(zmq.PULL)
-        self.socket.bind(address)
-        self.decoder = msgspec.msgpack.Decoder(CaptureRecord)
-
-    def drain(self, expect: int, timeout: float = 10.0) -> list[CaptureRecord]:
-        records, deadline = [], time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.socket.poll(100):
-                records.append(self.decoder.decode(self.socket.recv()))
-            elif len(records) >= expect:
-                break
-        return records
 
 
 def start_tiny_engine(kind: str, root, tokenizer_dir):
@@ -54,7 +32,7 @@ def start_tiny_engine(kind: str, root, tokenizer_dir):
     fingerprint = ModelFingerprint.from_model_dir(model_dir, f"tiny-{kind}")
     save_heads(random_heads(fingerprint, seed=1), heads_path)
     address = f"ipc://{root}/capture.sock"
-    collector = Collector(address)
+    collector = CaptureReceiver(address)
     saved = {k: os.environ.get(k) for k in (CHANNEL_ENV, "PAMER_HEADS")}
     os.environ[CHANNEL_ENV] = address  # inherited by the engine's processes
     os.environ["PAMER_HEADS"] = str(heads_path)

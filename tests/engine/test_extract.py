@@ -25,7 +25,9 @@ from vllm_pamer.training.extract import (
     join_points,
     load_data,
     load_labels,
+    load_layer_states,
     load_states,
+    run_manifest,
     select_points,
     token_limit,
     truncate_ids,
@@ -176,6 +178,46 @@ def test_resume_and_settings_guard(engine, labelled, tmp_path):
     with pytest.raises(ExtractError, match="other settings"):
         extract(points, out, _prompter(model_dir, 128), no_engine, shard_size=SHARD,
                 settings={"dtype": "float32"}, progress=False)
+
+
+def test_layerwise_states_match_hf(labelled, tmp_path, tokenizer_dir):
+    """``--layers``: block 1 (the residual stream after the first layer) and the
+    final norm, last token and mean over every prompt token, equal HF's
+    ``hidden_states``, also when prompts are prefilled in 64-token chunks."""
+    from transformers import AutoModelForCausalLM
+
+    model_dir = build_tiny_model("llama", tmp_path / "model", tokenizer_dir)
+    data, labels, _, _ = labelled
+    points = join_points(load_labels(labels), load_data([data]))[::3]  # 4 points, whole and cut prompts
+    prompter = _prompter(model_dir, 64)
+    with CaptureEngine(
+        model_dir, max_model_len=MAX_MODEL_LEN, dtype="float32", gpu_memory_utilization=0.15,
+        max_num_batched_tokens=64, layers=[1],
+    ) as live:
+        assert not live.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching  # every token computed
+        extract(points, tmp_path / "out", prompter, live, shard_size=3, progress=False, layers=[1])
+    last, mean, names, meta = load_layer_states(tmp_path / "out")
+    full, _, _ = load_states(tmp_path / "out")
+    assert names == ["block1", "norm"] and last.shape == mean.shape == (4, 2, 128)
+    assert np.allclose(last[:, 1], full, atol=1e-5)  # the norm tap's last row is the captured state
+
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for i, point in enumerate(points):
+            ids = prompter(point.full_messages()).ids
+            assert meta[i]["full_tokens"] == len(ids)
+            out = hf.model(input_ids=torch.tensor([ids]), output_hidden_states=True)
+            streams = [out.hidden_states[1][0], out.last_hidden_state[0]]
+            for tap, stream in enumerate(streams):
+                for ours, expected in ((last[i, tap], stream[-1]), (mean[i, tap], stream.mean(dim=0))):
+                    cosine = torch.nn.functional.cosine_similarity(torch.from_numpy(ours.copy()), expected, dim=0)
+                    assert cosine.item() >= 0.999, (i, names[tap], cosine.item())
+    # a directory of a run without --layers has no layer states to read
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "manifest.json").write_text(json.dumps(run_manifest(points, prompter, SHARD)))
+    with pytest.raises(ExtractError, match="without --layers"):
+        load_layer_states(plain)
 
 
 def test_selection_is_deterministic(labelled):

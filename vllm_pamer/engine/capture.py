@@ -26,6 +26,7 @@ import torch
 from vllm_pamer.channel import CAPTURE_KEY, SESSION_KEY, CapturePublisher, CaptureRecord
 from vllm_pamer.config import PamerConfig
 from vllm_pamer.core.heads import Heads, ModelFingerprint, load_heads
+from vllm_pamer.engine.layer_taps import LayerTaps, parse_layers
 
 logger = logging.getLogger("vllm_pamer.capture")
 
@@ -61,15 +62,26 @@ class WorkerCapture:
         self.captures_total = 0
         self._armed: tuple[Any, Any] | None = None
         self._warned_layout = False
+        blocks = parse_layers(config.capture_layers)
+        self.taps: LayerTaps | None = LayerTaps(blocks) if (self.enabled and blocks) else None
+
+    def attach_model(self, model: torch.nn.Module) -> None:
+        """Install the layer taps (only when ``PAMER_CAPTURE_LAYERS`` is set)."""
+        if self.taps is not None:
+            self.taps.attach(model)
 
     # -- step bracket (called by vllm_adapter) ---------------------------------
     def arm(self, runner: Any, scheduler_output: Any) -> None:
         for req_id in getattr(scheduler_output, "finished_req_ids", ()) or ():
             self.captured.discard(req_id)
         self._armed = (runner, scheduler_output) if self.enabled else None
+        if self.taps is not None and self.enabled:
+            self.taps.begin_step(runner, scheduler_output)
 
     def disarm(self) -> None:
         self._armed = None
+        if self.taps is not None:
+            self.taps.end_step()
 
     # -- the capture itself ----------------------------------------------------
     def observe(self, hidden_states: torch.Tensor) -> None:
@@ -92,6 +104,7 @@ class WorkerCapture:
         for i, (_, (req_id, key, session, n_prompt)) in enumerate(picks):
             self.captured.add(req_id)
             self.captures_total += 1
+            layers = self.taps.pop(req_id) if self.taps is not None else None
             self.publisher.publish(
                 CaptureRecord(
                     key=key,
@@ -103,6 +116,8 @@ class WorkerCapture:
                     votes=None if votes is None else int(votes[i]),
                     decision=None if decision is None else bool(decision[i]),
                     heads_error=heads_error,
+                    layers=None if layers is None else layers[0],
+                    layer_tokens=None if layers is None else layers[1],
                 )
             )
 

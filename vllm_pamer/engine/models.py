@@ -22,6 +22,7 @@ class _CaptureMixin:
         self._pamer_capture = None
         if capture_rank():
             self._pamer_capture = init_worker_capture(vllm_config, vllm_config.device_config.device)
+            self._pamer_capture.attach_model(self)
             install_runner_hook()
 
     def compute_logits(self, hidden_states: torch.Tensor, *args, **kwargs):

@@ -35,7 +35,13 @@ planned points and its tensors have as many rows. A run skips complete shards
 (resume); a directory made with other settings is refused. ``load_states(DIR)``
 reads it all back for the trainer.
 
-Only the final-norm state is captured; layerwise states are not (yet).
+Layerwise (``--layers``, the paper's depth diagnostic): the worker also taps
+decoder blocks at 1/8, 1/4, 1/2 and 3/4 of the depth (or the blocks given) and
+the final norm, at the last prompt token and averaged over the prompt, for the
+``full`` context; shards then also hold ``layers_last`` and ``layers_mean``
+(``[n, taps, d]``) and the manifest names the taps. A mean needs every prompt
+token to pass through the layers, so such a run turns prefix caching off (it is
+slower: subsample). ``load_layer_states(DIR)`` reads them back.
 """
 
 from __future__ import annotations
@@ -58,8 +64,9 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from vllm_pamer.channel import CAPTURE_KEY, CHANNEL_ENV, CaptureRecord
+from vllm_pamer.channel import CAPTURE_KEY, CHANNEL_ENV, CaptureReceiver
 from vllm_pamer.core.render import render_tools_as_text, template_supports_tools
+from vllm_pamer.engine.layer_taps import blocks_at_depths, tap_names
 from vllm_pamer.training.annotate import AnnotatorSettings, DecisionContext, DecisionPoint, decision_contexts
 
 PROBE_LIMIT = 35_000
@@ -69,6 +76,7 @@ KEEP_HEAD = 2_048
 SHARD_SIZE = 256
 """Decision points per shard (one ``LLM.generate`` call of twice as many prompts)."""
 STATE_NAMES = ("full", "recent2")
+LAYER_NAMES = ("layers_last", "layers_mean")
 FORMAT = "vllm-pamer-states/1"
 MANIFEST = "manifest.json"
 
@@ -318,9 +326,11 @@ class CaptureEngine:
     capture channel bound in this process. ``states(prompts)`` runs one batch.
     Close it (or use it as a context manager): that shuts the engine down.
 
-    Prefix caching is on. On the CPU backend ``enforce_eager`` defaults to
-    True, ``gpu_memory_utilization`` (there: the share of RAM for the KV
-    cache) to 0.2, and the worker uses every core
+    Prefix caching is on, except with ``layers`` (1-based decoder blocks to
+    tap besides the final norm: mean pooling needs every token computed; eager
+    execution then too, for the hooks). On the CPU backend ``enforce_eager``
+    defaults to True, ``gpu_memory_utilization`` (there: the share of RAM for
+    the KV cache) to 0.2, and the worker uses every core
     (``VLLM_CPU_NUM_OF_RESERVED_CPU=0`` unless set)."""
 
     def __init__(
@@ -335,6 +345,7 @@ class CaptureEngine:
         enforce_eager: bool | None = None,
         seed: int = 0,
         capture_timeout_s: float = 30.0,
+        layers: Sequence[int] | None = None,
         **llm_kwargs: Any,
     ) -> None:
         from vllm_pamer.vllm_cpu import prepare_vllm_cpu
@@ -342,25 +353,22 @@ class CaptureEngine:
         cpu = on_cpu_backend()
         prepare_vllm_cpu()
         _check_architecture(model)
-        import zmq
         from vllm import LLM
 
         self.capture_timeout_s = capture_timeout_s
-        self._decoder = msgspec.msgpack.Decoder(CaptureRecord)
         self._dir = tempfile.mkdtemp(prefix="pamer-extract-")
         self.address = f"ipc://{self._dir}/capture.sock"
-        self._socket = zmq.Context.instance().socket(zmq.PULL)
-        self._socket.setsockopt(zmq.LINGER, 0)
-        self._socket.bind(self.address)
+        self._receiver: CaptureReceiver | None = CaptureReceiver(self.address)
         self._nonce = uuid.uuid4().hex[:12]
         self._batches = 0
         self.llm = None
+        self.layers = sorted(set(int(b) for b in layers)) if layers else []
 
         kwargs: dict[str, Any] = dict(
             model=str(model),
             dtype=dtype,
-            enforce_eager=cpu if enforce_eager is None else enforce_eager,
-            enable_prefix_caching=True,
+            enforce_eager=True if self.layers else (cpu if enforce_eager is None else enforce_eager),
+            enable_prefix_caching=not self.layers,
             seed=seed,
         )
         if max_model_len is not None:
@@ -376,7 +384,12 @@ class CaptureEngine:
 
         # The engine's processes inherit these: our channel, capture on, no heads
         # (only the state is needed), and the plugin loaded.
-        overrides: dict[str, str | None] = {CHANNEL_ENV: self.address, "PAMER_CAPTURE": "1", "PAMER_HEADS": None}
+        overrides: dict[str, str | None] = {
+            CHANNEL_ENV: self.address,
+            "PAMER_CAPTURE": "1",
+            "PAMER_HEADS": None,
+            "PAMER_CAPTURE_LAYERS": ",".join(map(str, self.layers)) or None,
+        }
         if cpu and "VLLM_CPU_NUM_OF_RESERVED_CPU" not in os.environ:
             # vLLM keeps one core off the OpenMP pool for its scheduler process;
             # an offline batch has nothing to interleave, and on small machines
@@ -411,6 +424,13 @@ class CaptureEngine:
         """Final-norm last-token states of ``prompts`` (token ids), ``[n, d]``
         float32, from one ``LLM.generate`` call (``max_tokens=1``) in the given
         order. A state the channel lost is asked for again once."""
+        records = self.records(prompts, on_state)
+        if not records:
+            return np.zeros((0, 0), dtype=np.float32)
+        return np.stack([r.hidden_state() for r in records]).astype(np.float32)
+
+    def records(self, prompts: Sequence[Sequence[int]], on_state: Callable[[int], None] | None = None) -> list[Any]:
+        """The capture records of ``prompts``, in order (see ``states``)."""
         if self.llm is None:
             raise ExtractError("the engine is closed")
         records: list[Any] = [None] * len(prompts)
@@ -427,9 +447,11 @@ class CaptureEngine:
                 raise ExtractError(
                     f"prompt {i}: the engine saw {record.num_prompt_tokens} tokens, {len(prompts[i])} were sent"
                 )
-        if not records:
-            return np.zeros((0, 0), dtype=np.float32)
-        return np.stack([r.hidden_state() for r in records]).astype(np.float32)
+            if self.layers and record.layer_tokens != len(prompts[i]):
+                raise ExtractError(
+                    f"prompt {i}: layer taps averaged {record.layer_tokens} of {len(prompts[i])} tokens"
+                )
+        return records
 
     def _run(self, prompts, slots, records, on_state) -> None:
         from vllm import SamplingParams, TokensPrompt
@@ -441,11 +463,8 @@ class CaptureEngine:
 
         def receive() -> None:
             while pending and not stop.is_set():
-                if not self._socket.poll(50):
-                    continue
-                try:
-                    record = self._decoder.decode(self._socket.recv())
-                except msgspec.DecodeError:
+                record = self._receiver.receive(50)
+                if record is None:
                     continue
                 slot = pending.pop(record.key, None)
                 if slot is None:
@@ -468,9 +487,9 @@ class CaptureEngine:
             receiver.join()
 
     def _close_socket(self) -> None:
-        if self._socket is not None:
-            self._socket.close()
-            self._socket = None
+        if self._receiver is not None:
+            self._receiver.close()
+            self._receiver = None
         try:
             os.unlink(os.path.join(self._dir, "capture.sock"))
         except OSError:
@@ -511,7 +530,7 @@ def _read_meta(path: Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in handle if line.strip()]
 
 
-def _shard_complete(out_dir: Path, index: int, keys: Sequence[tuple[str, int]]) -> bool:
+def _shard_complete(out_dir: Path, index: int, keys: Sequence[tuple[str, int]], layered: bool = False) -> bool:
     tensors_path, meta_path = shard_paths(out_dir, index)
     if not (tensors_path.exists() and meta_path.exists()):
         return False
@@ -522,18 +541,20 @@ def _shard_complete(out_dir: Path, index: int, keys: Sequence[tuple[str, int]]) 
         from safetensors import safe_open
 
         with safe_open(str(tensors_path), framework="numpy") as f:
-            return all(f.get_slice(name).get_shape()[0] == len(keys) for name in STATE_NAMES)
+            names = STATE_NAMES + (LAYER_NAMES if layered else ())
+            return all(name in f.keys() and f.get_slice(name).get_shape()[0] == len(keys) for name in names)
     except Exception:
         return False
 
 
-def _write_shard(out_dir: Path, index: int, full: np.ndarray, recent2: np.ndarray, meta: list[dict]) -> None:
+def _write_shard(out_dir: Path, index: int, tensors: Mapping[str, np.ndarray], meta: list[dict]) -> None:
+    """``tensors``: ``full``, ``recent2`` (and the layer taps), ``len(meta)`` rows each."""
     from safetensors.numpy import save_file
 
     tensors_path, meta_path = shard_paths(out_dir, index)
     tmp = f".tmp-{os.getpid()}"
     save_file(
-        {"full": np.ascontiguousarray(full, dtype=np.float32), "recent2": np.ascontiguousarray(recent2, dtype=np.float32)},
+        {name: np.ascontiguousarray(array, dtype=np.float32) for name, array in tensors.items()},
         str(tensors_path) + tmp,
         metadata={"format": FORMAT, "rows": str(len(meta))},
     )
@@ -633,21 +654,30 @@ def extract(
     shard_size: int = SHARD_SIZE,
     settings: Mapping[str, Any] | None = None,
     progress: bool = True,
+    layers: Sequence[int] | None = None,
 ) -> ExtractResult:
     """Write the states of ``points`` into ``out_dir`` shard by shard, skipping
     complete shards. ``engine`` is an open ``CaptureEngine`` (the caller closes
     it) or a factory, called only when a shard needs work (closed here).
-    ``settings`` (model, dtype, ...) go into the manifest."""
+    ``settings`` (model, dtype, ...) go into the manifest. ``layers``: the
+    blocks the engine taps (its ``layers``); their states of the full context
+    are stored too."""
     from tqdm import tqdm
 
     if shard_size < 1:
         raise ValueError("shard_size must be at least 1")
     out_dir = Path(out_dir)
-    manifest = run_manifest(points, prompter, shard_size, **dict(settings or {}))
+    layers = sorted(set(int(b) for b in layers)) if layers else []
+    settings = dict(settings or {})
+    if layers:
+        settings["layers"] = tap_names(layers)  # only then: older directories still resume
+    manifest = run_manifest(points, prompter, shard_size, **settings)
     _check_manifest(out_dir, manifest)
     shards = [list(points[i : i + shard_size]) for i in range(0, len(points), shard_size)]
     result = ExtractResult(out_dir=out_dir, points=len(points), shards=len(shards))
-    todo = [i for i, shard in enumerate(shards) if not _shard_complete(out_dir, i, [p.key for p in shard])]
+    todo = [
+        i for i, shard in enumerate(shards) if not _shard_complete(out_dir, i, [p.key for p in shard], bool(layers))
+    ]
     result.skipped_shards = len(shards) - len(todo)
     if not todo:
         return result
@@ -669,12 +699,19 @@ def extract(
                 raise ExtractError(
                     f"token limit {prompter.limit} does not fit the engine's window {live.max_model_len}"
                 )
+            if list(live.layers) != layers:
+                raise ExtractError(f"the engine taps blocks {live.layers}, the run asks for {layers}")
             started = time.monotonic()
             prompts = [(prompter(p.full_messages()), prompter(p.recent2_messages())) for p in shard]
             ids = [x.ids for pair in prompts for x in pair]  # full_t, recent2_t, full_t+1, ...
-            states = live.states(ids, on_state=lambda _slot: bar.update(1))
+            records = live.records(ids, on_state=lambda _slot: bar.update(1))
+            states = np.stack([r.hidden_state() for r in records]).astype(np.float32)
+            tensors = {"full": states[0::2], "recent2": states[1::2]}
+            if layers:
+                taps = np.stack([r.layer_states() for r in records[0::2]])  # [n, 2, taps, d]
+                tensors["layers_last"], tensors["layers_mean"] = taps[:, 0], taps[:, 1]
             meta = [point_metadata(p, full, recent2) for p, (full, recent2) in zip(shard, prompts)]
-            _write_shard(out_dir, index, states[0::2], states[1::2], meta)
+            _write_shard(out_dir, index, tensors, meta)
             result.extract_s += time.monotonic() - started
             result.computed_shards += 1
             result.computed_points += len(shard)
@@ -685,12 +722,12 @@ def extract(
     return result
 
 
-def load_states(
-    out_dir: str | Path, allow_partial: bool = False
-) -> tuple[np.ndarray, np.ndarray, list[dict[str, Any]]]:
-    """``(full [n, d], recent2 [n, d], meta)`` of an extraction directory, rows
-    in shard order; ``meta[k]`` describes row ``k``. A run with shards still
-    missing is an error unless ``allow_partial`` (then the complete ones)."""
+def _read_shards(
+    out_dir: str | Path, names: Sequence[str], allow_partial: bool
+) -> tuple[dict[str, Any], dict[str, list[np.ndarray]], list[dict[str, Any]]]:
+    """The manifest, the tensors ``names`` of every complete shard (in shard
+    order) and their metadata rows; missing shards are an error unless
+    ``allow_partial``."""
     from safetensors.numpy import load_file
 
     out_dir = Path(out_dir)
@@ -698,29 +735,56 @@ def load_states(
     if not manifest_path.exists():
         raise ExtractError(f"{out_dir}: no {MANIFEST} (not an extraction directory)")
     manifest = json.loads(manifest_path.read_text())
-    fulls, recents, meta = [], [], []
-    missing = []
+    tensors: dict[str, list[np.ndarray]] = {name: [] for name in names}
+    meta: list[dict[str, Any]] = []
+    missing = 0
     for index in range(int(manifest["shards"])):
         tensors_path, meta_path = shard_paths(out_dir, index)
         if not (meta_path.exists() and tensors_path.exists()):
-            missing.append(index)
+            missing += 1
             continue
         rows = _read_meta(meta_path)
-        tensors = load_file(str(tensors_path))
-        if any(tensors[name].shape[0] != len(rows) for name in STATE_NAMES):
+        shard = load_file(str(tensors_path))
+        if any(name not in shard or shard[name].shape[0] != len(rows) for name in names):
             raise ExtractError(f"{tensors_path}: rows do not match {meta_path.name}")
-        fulls.append(tensors["full"])
-        recents.append(tensors["recent2"])
+        for name in names:
+            tensors[name].append(shard[name])
         meta.extend(rows)
     if missing and not allow_partial:
         raise ExtractError(
-            f"{out_dir}: {len(missing)} of {manifest['shards']} shards are missing "
+            f"{out_dir}: {missing} of {manifest['shards']} shards are missing "
             "(run vllm-pamer extract again to finish, or pass allow_partial=True)"
         )
-    if not fulls:
+    return manifest, tensors, meta
+
+
+def load_states(
+    out_dir: str | Path, allow_partial: bool = False
+) -> tuple[np.ndarray, np.ndarray, list[dict[str, Any]]]:
+    """``(full [n, d], recent2 [n, d], meta)`` of an extraction directory, rows
+    in shard order; ``meta[k]`` describes row ``k``. A run with shards still
+    missing is an error unless ``allow_partial`` (then the complete ones)."""
+    _, tensors, meta = _read_shards(out_dir, STATE_NAMES, allow_partial)
+    if not meta:
         empty = np.zeros((0, 0), dtype=np.float32)
         return empty, empty.copy(), []
-    return np.concatenate(fulls).astype(np.float32), np.concatenate(recents).astype(np.float32), meta
+    full, recent2 = (np.concatenate(tensors[name]).astype(np.float32) for name in STATE_NAMES)
+    return full, recent2, meta
+
+
+def load_layer_states(
+    out_dir: str | Path, allow_partial: bool = False
+) -> tuple[np.ndarray, np.ndarray, list[str], list[dict[str, Any]]]:
+    """``(last [n, taps, d], mean [n, taps, d], tap names, meta)`` of a
+    ``--layers`` extraction (full context), rows as in ``load_states``."""
+    manifest_path = Path(out_dir) / MANIFEST
+    if manifest_path.exists() and not json.loads(manifest_path.read_text()).get("layers"):
+        raise ExtractError(f"{out_dir}: extracted without --layers (no layer states)")
+    manifest, tensors, meta = _read_shards(out_dir, LAYER_NAMES, allow_partial)
+    if not meta:
+        raise ExtractError(f"{out_dir}: no complete shard")
+    last, mean = (np.concatenate(tensors[name]).astype(np.float32) for name in LAYER_NAMES)
+    return last, mean, list(manifest["layers"]), meta
 
 
 # --------------------------------------------------------------------------------------
@@ -775,6 +839,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--enforce-eager", action=argparse.BooleanOptionalAction, default=None,
         help="no CUDA graphs / compilation (default: on for the CPU backend)",
     )
+    parser.add_argument(
+        "--layers", nargs="?", const="depths", default=None, metavar="BLOCKS",
+        help="also tap decoder blocks (1-based, e.g. 4,8,15,22; alone: 1/8, 1/4, 1/2, 3/4 of the depth) and the "
+        "final norm, last token and prompt mean, for the layerwise report; turns prefix caching off (slower)",
+    )
     parser.add_argument("--no-progress", action="store_true")
     return parser
 
@@ -803,6 +872,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from transformers import AutoTokenizer
 
+    layers: list[int] = []
+    if args.layers:
+        from transformers import AutoConfig
+
+        from vllm_pamer.engine.layer_taps import parse_layers
+
+        config = AutoConfig.from_pretrained(model)
+        num_layers = int(getattr(getattr(config, "text_config", None) or config, "num_hidden_layers"))
+        try:
+            layers = blocks_at_depths(num_layers) if args.layers == "depths" else parse_layers(args.layers)
+        except ValueError as exc:
+            parser.exit(2, f"vllm-pamer extract: --layers: {exc}\n")
+        if layers and layers[-1] > num_layers:
+            parser.exit(2, f"vllm-pamer extract: --layers: block {layers[-1]} asked for, the model has {num_layers}\n")
+
     tokenizer = AutoTokenizer.from_pretrained(model)
     prompter = ChatPrompter(tokenizer, token_limit(max_model_len, args.probe_limit), args.keep_head)
     settings = {
@@ -823,12 +907,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_num_seqs=args.max_num_seqs,
             enforce_eager=args.enforce_eager,
             seed=args.seed,
+            layers=layers,
         )
 
     try:
         result = extract(
             points, args.out, prompter, start_engine,
-            shard_size=args.shard_size, settings=settings, progress=not args.no_progress,
+            shard_size=args.shard_size, settings=settings, progress=not args.no_progress, layers=layers,
         )
     except ExtractError as exc:
         parser.exit(1, f"vllm-pamer extract: {exc}\n")

@@ -988,8 +988,10 @@ def write_report(
     heads_path: str | Path | None = None,
     fingerprint: Any = None,
     inputs: Mapping[str, Any] | None = None,
+    layerwise: Any = None,
 ) -> Path:
-    """``report.md``, ``results.json`` and the PNG plots into ``report_dir``."""
+    """``report.md``, ``results.json`` and the PNG plots into ``report_dir``;
+    ``layerwise`` (a ``LayerwiseResult``, written beside it) is summarized."""
     report_dir = Path(report_dir)
     report_dir.mkdir(parents=True, exist_ok=True)
     cfg = result.config
@@ -1171,13 +1173,25 @@ def write_report(
         "- Each head was trained on a different split, so there is no common held-out set on which to score the "
         "3-of-5 vote; the per-seed test metrics above are the honest numbers.",
         "",
-        "## Not measured",
+        "## Across layers",
         "",
-        "- **Layerwise plot (AUROC by layer, last-token vs mean pooling; paper Figure 1 / Table 9) is not possible "
-        "here**: the capture and the extractor keep only the final-norm state of the last prompt token, so there "
-        "are no intermediate-layer or mean-pooled states to probe. The paper's final-state numbers for that "
-        "comparison: last 0.831 vs mean 0.712 (compression), 0.765 vs 0.696 (recall); block 16 last: 0.810 / 0.780.",
     ]
+    if layerwise is None:
+        lines.append(
+            "- Not measured in this run (`vllm-pamer extract --layers`, then `vllm-pamer train --layer-states`)."
+        )
+    else:
+        for target in layerwise.cells:
+            lines.append(
+                f"- {target}: test AUROC of linear probes, last token / mean pooling: "
+                + "; ".join(
+                    f"{tap} {_fmt(layerwise.summary(target, tap, 'last'))} / {_fmt(layerwise.summary(target, tap, 'mean'))}"
+                    for tap in layerwise.taps
+                )
+                + f" ({layerwise.data[target]['rows']} points)."
+            )
+        lines.append("- Tables, logit gaps and the plot: [layerwise.md](layerwise.md).")
+    lines += ["", "## Notes", ""]
     lines += [f"- {note}" for note in result.notes]
     if not plots:
         lines.append("- Plots skipped: matplotlib is not installed.")
@@ -1264,6 +1278,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--distill-weight", type=float, default=0.5)
     parser.add_argument("--min-votes", type=int, default=3)
     parser.add_argument("--allow-partial", action="store_true", help="train on the complete shards of an unfinished extraction")
+    parser.add_argument(
+        "--layer-states", default=None, metavar="DIR",
+        help="also run the depth diagnostic on a `vllm-pamer extract --layers` directory (needs --report)",
+    )
     parser.add_argument("--no-standardize", action="store_true", help="train on raw states")
     parser.add_argument("--no-ablations", action="store_true", help="skip the Table 1/2 ablation heads (faster)")
     parser.add_argument(
@@ -1277,6 +1295,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--seeds must name {NUM_SEEDS} seeds (one exported head each), got {len(seeds)}")
     if not 1 <= args.min_votes <= NUM_SEEDS:
         parser.error(f"--min-votes must be in 1..{NUM_SEEDS}")
+    if args.layer_states and not args.report:
+        parser.error("--layer-states writes into the report: pass --report DIR")
 
     fingerprint = model_fingerprint(args.model)
     full, recent2, meta = read_states(args.states, allow_partial=args.allow_partial)
@@ -1315,9 +1335,32 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"  {method.label:<48} AUROC {_fmt(s['auroc'])}  AUPRC {_fmt(s['auprc'])}  F1 {_fmt(s['f1'])}")
     for note in result.notes:
         print(f"  note: {note}")
+    layerwise = None
+    if args.layer_states:
+        from vllm_pamer.training.extract import ExtractError, load_layer_states
+        from vllm_pamer.training.layerwise import run_layerwise, write_layerwise_report
+
+        try:
+            last, mean, taps, layer_meta = load_layer_states(args.layer_states, allow_partial=args.allow_partial)
+        except ExtractError as exc:
+            sys.exit(f"vllm-pamer train: {exc}")
+        threads = torch.get_num_threads()
+        if config.threads:
+            torch.set_num_threads(config.threads)
+        try:
+            layerwise = run_layerwise(
+                last, mean, taps, layer_meta, seeds=seeds, epochs=args.epochs,
+                num_layers=fingerprint.num_hidden_layers,
+            )
+        finally:
+            torch.set_num_threads(threads)
+        path = write_layerwise_report(layerwise, args.report, inputs={"layer_states": str(args.layer_states)})
+        print(f"[train] layerwise report: {path}")
     if args.report:
         inputs = {"states": str(args.states), "texts": args.texts, "trajectories": args.trajectories, "out": str(args.out)}
-        path = write_report(result, args.report, heads_path=args.out, fingerprint=fingerprint, inputs=inputs)
+        path = write_report(
+            result, args.report, heads_path=args.out, fingerprint=fingerprint, inputs=inputs, layerwise=layerwise
+        )
         print(f"[train] report: {path}")
     print(f"[train] done in {result.seconds:.0f} s")
     return 0
