@@ -33,7 +33,7 @@ from vllm_pamer.trajectories import load_trajectories  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "trajectories"
 POLICIES = ("none,recent_k,recent_10,discard_tool,periodic_summary,rolling_summary,"
-            "pamer,pamer_unstable,pamer_plus,sam")
+            "pamer,pamer_unstable,pamer_conversation,pamer_plus,sam")
 
 
 def main() -> None:
@@ -64,6 +64,8 @@ def main() -> None:
         "recent_10": {"policy": "recent_k", "k": 10},
         # PaMER without stable recall: what the margin buys in prefix-cache reuse
         "pamer_unstable": {"policy": "pamer", "summary_max_tokens": n, "stable_recall": False},
+        # PaMER whose summary request continues the conversation the engine last saw (prefix-cache hits)
+        "pamer_conversation": {"policy": "pamer", "summary_max_tokens": n, "summary_layout": "conversation"},
     }
     trajectories = []
     for name, count in (("tau_airline", args.tau), ("mini_swe", args.swe)):

@@ -289,3 +289,63 @@ def test_recall_searches_only_memories_of_the_current_embedder(store):
     assert outcome.action == "recalled"  # not a recall failure
     assert MEMORY_HEADER not in str(outcome.messages)
     assert protocol_issues(outcome.messages) == []
+
+
+class ConversationServices(Services):
+    """Services that also summarize chat messages as they are (the
+    conversation layout), recording what they were given."""
+
+    def __init__(self, fits=True, **kwargs):
+        super().__init__(**kwargs)
+        self.fits, self.conversations = fits, []
+
+    async def summarize_conversation(self, messages, max_tokens):
+        self.conversations.append(list(messages))
+        if not self.fits:
+            return None
+        return "CONVERSATION SUMMARY " + " ".join(
+            sorted({w for m in messages for w in str(m.get("content") or "").split() if w.startswith("ID")})
+        )
+
+
+def test_conversation_layout_resends_what_the_engine_saw_then_asks(store):
+    """summary_layout="conversation": the summary request is the previous
+    request cut after the old steps (P, the memories it showed, O) plus an
+    instruction turn, so its prefix is in vLLM's prefix cache."""
+    services = ConversationServices()
+
+    async def scenario():
+        policy = create_policy("pamer", {"summary_layout": "conversation"})
+        context = PamerContext(store, services)
+        first = await rewrite_request(conversation(8), "s1", policy, COMPRESS, context)
+        shown = await rewrite_request(conversation(10), "s1", policy, KEEP, context)  # shows memory 1
+        second = await rewrite_request(conversation(16), "s1", policy, COMPRESS, context)
+        return first, shown, second
+
+    first, shown, second = asyncio.run(scenario())
+    assert (first.action, shown.action, second.action) == ("compressed", "recalled", "compressed")
+    assert services.summaries == 0  # the text layout was never needed
+    one, two = services.conversations
+    blocks = split_conversation(conversation(8)).blocks
+    assert one[:-1] == conversation(8)[:2] + [m for b in blocks[:-2] for m in b.messages]
+    assert one[-1]["role"] == "user" and "Write only the summary" in one[-1]["content"]
+    assert "memory list" not in one[-1]["content"]
+    # the second summary starts like the request before it: P, the memory message, then the live blocks
+    assert two[: len(shown.messages) - 4] == shown.messages[:-4]
+    assert two[2]["content"].startswith(MEMORY_HEADER) and "memory list" in two[-1]["content"]
+    memories = store.load("s1").memories
+    assert [m.summary.split()[:2] for m in memories] == [["CONVERSATION", "SUMMARY"]] * 2
+    assert "ID0" in memories[0].summary and "ID5" in memories[0].summary
+
+
+def test_conversation_layout_falls_back_to_text(store):
+    services = ConversationServices(fits=False)  # the conversation does not fit the window
+    outcome = run(conversation(8), store, services, COMPRESS, summary_layout="conversation")
+    assert outcome.action == "compressed" and services.summaries == 1 and len(services.conversations) == 1
+    assert store.load("s1").memories[0].summary.startswith("SUMMARY")
+    # the default (the paper's text layout) never sends the conversation
+    services = ConversationServices()
+    run(conversation(8), store, services, COMPRESS, session="s2")
+    assert services.conversations == [] and services.summaries == 1
+    with pytest.raises(ValueError, match="summary_layout"):
+        create_policy("pamer", {"summary_layout": "chat"})

@@ -19,7 +19,9 @@ from vllm_pamer.trajectories import agent_requests, load_trajectories
 pytestmark = pytest.mark.e2e
 
 STEPS = 12
-POLICIES = ("sliding_window", "discard_tool", "periodic_summary", "rolling_summary", "sam", "pamer_plus")
+POLICIES = (
+    "sliding_window", "discard_tool", "periodic_summary", "rolling_summary", "sam", "pamer_plus", "pamer_conversation"
+)
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +57,16 @@ def test_summary_policies_store_and_send_their_summaries(runs):
         assert later[2]["content"].startswith(MEMORY_HEADER)
     rolling = out["rolling_summary"][-1][1]["messages_sent"]
     assert rolling[2]["content"].count("[memory ") == 1  # only the newest summary
+
+
+def test_conversation_layout_summaries_are_stored_and_recalled(runs):
+    """PaMER with ``summary_layout: conversation`` on the real engine: its
+    summary requests (P + O + an instruction turn) are written and recalled."""
+    _, _, out = runs
+    actions = [r["action"] for _, r in out["pamer_conversation"]]
+    assert "compressed" in actions and "recalled" in actions, actions
+    later = out["pamer_conversation"][-1][1]["messages_sent"]
+    assert later[2]["content"].startswith(MEMORY_HEADER) and len(later[2]["content"]) > len(MEMORY_HEADER) + 20
 
 
 def test_pamer_plus_runs_its_selector_on_recalling_requests(runs):

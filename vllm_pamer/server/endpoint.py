@@ -107,7 +107,9 @@ class PamerServer:
         embedder = None
         if config.embedder != DEFAULT_EMBEDDER:
             embedder = make_embedder(config.embedder, check=True).load()  # load now, not on a request
-        self.services = EngineServices(engine_client, tokenizer, self.inbox, model_config.max_model_len, embedder=embedder)
+        self.services = EngineServices(
+            engine_client, tokenizer, self.inbox, model_config.max_model_len, embedder=embedder, render=self.render
+        )
         self.memory = PamerContext(self.store, self.services)
         self.sessions.on_evict = self.services.index.drop_session
 

@@ -2,7 +2,9 @@
 
 * ``summarize`` - an internal chat request (temperature 0, thinking off where
   the template has the switch) whose source is trimmed from the middle until
-  the prompt fits the model window;
+  the prompt fits the model window; ``summarize_conversation`` - the same for
+  chat messages rendered as the server renders an agent's request (so their
+  prefix can come from the prefix cache);
 * ``embed`` - the served model's own final-norm state at the last token of the
   text: a one-token internal request tagged with a capture key, its state
   read from the capture channel (no second model);
@@ -29,9 +31,11 @@ class EngineServices:
     embedder_name = "served-model-state"
 
     def __init__(self, engine_client: Any, tokenizer: Any, inbox: CaptureInbox, max_model_len: int,
-                 capture_wait_s: float = 10.0, embedder: Any = None) -> None:
+                 capture_wait_s: float = 10.0, embedder: Any = None, render: Any = None) -> None:
         """``embedder``: an ``vllm_pamer.embedders.Embedder`` used instead of the
-        served model's state (None: the served model)."""
+        served model's state (None: the served model). ``render``: how the
+        server renders an agent's messages for the template (None: as they are)."""
+        self.render = render or list
         self.embedder = embedder
         if embedder is not None:
             self.embedder_name = embedder.name
@@ -87,6 +91,15 @@ class EngineServices:
             ids = self.chat_ids(summary_prompt(source), enable_thinking=False)
         else:
             raise RuntimeError(f"summary prompt of {len(ids)} tokens does not fit {budget}")
+        return await self._generate(ids, max_tokens, "summary")
+
+    async def summarize_conversation(self, messages: Sequence[dict], max_tokens: int) -> str | None:
+        """A summary request made of chat ``messages`` (rendered as the server
+        renders requests); None when they do not fit the window."""
+        max_tokens = min(max_tokens, self.max_model_len // 4)
+        ids = self.chat_ids(self.render(list(messages)), enable_thinking=False)
+        if len(ids) > self.max_model_len - max_tokens - 8:
+            return None
         return await self._generate(ids, max_tokens, "summary")
 
     async def complete(self, messages: Sequence[dict], max_tokens: int, json_schema: dict | None = None,

@@ -50,6 +50,10 @@ class MemoryServices(Protocol):
 
     async def summarize(self, source: str, max_tokens: int) -> str: ...
 
+    # Optional (``summary_layout="conversation"``): summarize the chat
+    # ``messages`` as they are; None when they do not fit the window.
+    # async def summarize_conversation(self, messages, max_tokens) -> str | None: ...
+
     async def embed(self, text: str) -> np.ndarray: ...
 
     def count_tokens(self, messages: Sequence[Message]) -> int: ...
@@ -66,10 +70,19 @@ class SummaryConfig(PolicyConfig, frozen=True):
     summary_max_tokens: int = 1024
     summary_timeout_s: float = 100.0
     summary_attempts: int = 8
+    summary_layout: str = "text"
+    """``text``: the paper's summary request, the old steps as one text under
+    an instruction. ``conversation`` (PaMER; beyond the paper): the request
+    the engine saw last, cut after the old steps (P, the memories it showed,
+    O), then the instruction as a new turn; its prefix is then already in
+    vLLM's prefix cache, so the summary's prefill is mostly not recomputed.
+    Falls back to ``text`` when the conversation does not fit the window."""
 
     def __post_init__(self) -> None:
         if self.retained_blocks < 0:
             raise ValueError("retained_blocks must be >= 0")
+        if self.summary_layout not in ("text", "conversation"):
+            raise ValueError(f"summary_layout must be 'text' or 'conversation', not {self.summary_layout!r}")
 
 
 class PamerConfig(SummaryConfig, frozen=True):
@@ -142,6 +155,23 @@ def summary_prompt(source: str) -> list[Message]:
             ),
         },
     ]
+
+
+def summary_instruction(after_memories: bool) -> Message:
+    """The last turn of a ``conversation``-layout summary request."""
+    where = "after the task and the memory list" if after_memories else "after the task"
+    return {
+        "role": "user",
+        "content": (
+            f"Stop working on the task. The steps above, {where}, will be removed from your context and "
+            "replaced by a summary. Write that summary; keep what later steps need:\n"
+            "- the goal and how far it has progressed;\n"
+            "- facts found, with identifiers and values copied exactly (ids, names, numbers, dates, paths, amounts);\n"
+            "- decisions made and why; dead ends and what failed;\n"
+            "- open questions.\n"
+            "Write only the summary."
+        ),
+    }
 
 
 async def with_retries(
@@ -246,6 +276,7 @@ class Pamer(MemoryPolicy):
         self._next_old: dict[str, tuple[list[Block], int]] = {}
         self._ahead: dict[str, _AheadSummary] = {}
         self._last_recall: dict[str, list[int]] = {}  # stable_recall: ids recalled last, per session
+        self._shown: dict[str, list[Memory]] = {}  # memories the session's previous request showed
 
     async def on_vote(self, session_id: str, vote, memory) -> None:
         cfg: PamerConfig = self.config
@@ -268,14 +299,30 @@ class Pamer(MemoryPolicy):
         while len(self._ahead) > self.max_tracked_sessions:
             self._ahead.pop(next(iter(self._ahead))).task.cancel()
 
-    async def _summarize_and_embed(self, blocks: list[Block], services) -> tuple[str, np.ndarray]:
+    async def _summarize_and_embed(
+        self, blocks: list[Block], services, prefix: list[Message] | None = None, shown: Sequence[Memory] = ()
+    ) -> tuple[str, np.ndarray]:
+        """``prefix`` (P) and ``shown`` (the memories the previous request
+        showed) rebuild what the engine saw before ``blocks``, for the
+        conversation layout; without ``prefix`` the text layout is used."""
         cfg: PamerConfig = self.config
-        source = cap_head_and_tail(serialize_messages([m for b in blocks for m in b.messages]), cfg.summary_source_chars)
+        old_messages = [m for b in blocks for m in b.messages]
+        source = cap_head_and_tail(serialize_messages(old_messages), cfg.summary_source_chars)
+        by_conversation = getattr(services, "summarize_conversation", None)
+        if cfg.summary_layout != "conversation" or prefix is None:
+            by_conversation = None
+        seen = list(prefix or []) + ([memory_message(shown)] if shown else [])
+        conversation = seen + old_messages + [summary_instruction(after_memories=bool(shown))]
+
+        async def summarize() -> str:
+            if by_conversation is not None:
+                text = await by_conversation(conversation, cfg.summary_max_tokens)
+                if text is not None:
+                    return text
+            return await services.summarize(source, cfg.summary_max_tokens)
+
         try:
-            summary = await with_retries(
-                lambda: services.summarize(source, cfg.summary_max_tokens),
-                cfg.summary_timeout_s, cfg.summary_attempts, "summary",
-            )
+            summary = await with_retries(summarize, cfg.summary_timeout_s, cfg.summary_attempts, "summary")
             if not isinstance(summary, str) or not summary.strip():
                 raise RuntimeError("the summary came back empty")
         except Exception as exc:
@@ -314,6 +361,7 @@ class Pamer(MemoryPolicy):
         except StoreError as exc:
             return PolicyDecision(original, "fallback:storage_failure", str(exc))
         notes = [f"discarded {loaded.discarded} corrupt memories"] if loaded.discarded else []
+        shown = self._shown.pop(session, [])  # what the previous request showed
         covered = {block_id for m in loaded.memories for block_id in m.covered_block_ids}
         prefix = list(request.conversation.prefix)
         live = [b for b in request.conversation.blocks if b.block_id not in covered]
@@ -338,7 +386,7 @@ class Pamer(MemoryPolicy):
                 store.log_event(session, "probe_missing", {"old_tokens": old_tokens})
             elif vote.compress:
                 decision, still_live = await self._compress(
-                    request, context, prefix, old, recent, original, old_tokens, notes
+                    request, context, prefix, old, recent, original, old_tokens, notes, shown
                 )
                 if cfg.summarize_ahead:
                     self._remember_next_old(session, still_live, services)
@@ -365,6 +413,9 @@ class Pamer(MemoryPolicy):
                 store.log_event(session, "recall_failure", {"error": str(exc)})
                 return PolicyDecision(original, "fallback:recall_failure", str(exc))
             inserted = [memory_message(chosen)] if chosen else []
+            self._shown[session] = list(chosen)
+            while len(self._shown) > self.max_tracked_sessions:
+                self._shown.pop(next(iter(self._shown)))
             messages = prefix + inserted + old_messages + recent_messages
             store.log_event(session, "recalled", {"memory_ids": [m.id for m in chosen]})
             notes.append(f"recalled memories {sorted(m.id for m in chosen)}")
@@ -392,7 +443,9 @@ class Pamer(MemoryPolicy):
         while len(self._next_old) > self.max_tracked_sessions:
             self._next_old.pop(next(iter(self._next_old)))
 
-    async def _compress(self, request, context, prefix, old: list[Block], recent: list[Block], original, old_tokens, notes):
+    async def _compress(
+        self, request, context, prefix, old: list[Block], recent: list[Block], original, old_tokens, notes, shown=()
+    ):
         """The compression transaction. Returns the decision and the blocks
         still live (raw in the request) afterwards."""
         cfg: PamerConfig = self.config
@@ -412,7 +465,7 @@ class Pamer(MemoryPolicy):
         if result is None:
             store.log_event(session, "compression_started", {"blocks": len(old), "old_tokens": old_tokens})
             try:
-                result = await self._summarize_and_embed(old, services)
+                result = await self._summarize_and_embed(old, services, prefix, shown)
             except _StepFailure as failure:
                 store.log_event(session, failure.rule, {"error": failure.detail})
                 return PolicyDecision(original, f"fallback:{failure.rule}", failure.detail), old + recent
