@@ -31,7 +31,8 @@ Protocol, per seed s in 0..4 (the seed fixes both the split and the init):
 
 Output: the heads file (one head per seed, thresholds in logit space,
 ``trained=True``, ``min_votes=3``) and, with ``--report DIR``, ``report.md``,
-``results.json``, ``roc.png`` and ``auroc.png``.
+``results.json``, ``roc.png`` and ``auroc.png``; with ``--layer-states DIR``
+(an ``extract --layers`` run) also the depth diagnostic of ``layerwise.py``.
 
 Which heads are exported (``--export``): the server evaluates the heads on the
 state captured at the prefill of the *served* request, which is the full
