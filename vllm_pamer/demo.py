@@ -137,6 +137,10 @@ def main(argv: list[str] | None = None) -> None:
     serve_args = ["--pamer-policy", args.policy, "--pamer-heads", str(heads), "--enforce-eager"]
     if args.policy == "pamer":  # summaries of at most 256 tokens keep the CPU demo to minutes
         serve_args += ["--pamer-policy-options", json.dumps({"summary_max_tokens": 256})]
+    # Memories persist in the SQLite store across server restarts: a fresh
+    # session id per run, so a second demo does not start with the first one's.
+    session_id = f"demo-{trajectory['id']}-{time.strftime('%Y%m%d-%H%M%S')}"
+    print(f"session: {session_id}")
     server = ServerProcess(serve_args, args.port, log_path)
     try:
         server.wait_ready()
@@ -145,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
         print("-" * len(header))
         total_in = total_out = captured = steps = 0
         for step, n_messages, response in replay(
-            server.base_url, DEFAULT_MODEL_NAME, trajectory, f"demo-{trajectory['id']}", args.max_steps, args.max_tokens
+            server.base_url, DEFAULT_MODEL_NAME, trajectory, session_id, args.max_steps, args.max_tokens
         ):
             p = response.model_extra["pamer"]
             print(
