@@ -75,7 +75,7 @@ class WorkerCapture:
         for req_id in getattr(scheduler_output, "finished_req_ids", ()) or ():
             self.captured.discard(req_id)
         self._armed = (runner, scheduler_output) if self.enabled else None
-        if self.taps is not None and self.enabled:
+        if self.taps is not None:  # only made when capture is enabled
             self.taps.begin_step(runner, scheduler_output)
 
     def disarm(self) -> None:

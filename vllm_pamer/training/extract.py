@@ -722,19 +722,20 @@ def extract(
     return result
 
 
+def _read_manifest(out_dir: Path) -> dict[str, Any]:
+    path = out_dir / MANIFEST
+    if not path.exists():
+        raise ExtractError(f"{out_dir}: no {MANIFEST} (not an extraction directory)")
+    return json.loads(path.read_text())
+
+
 def _read_shards(
-    out_dir: str | Path, names: Sequence[str], allow_partial: bool
-) -> tuple[dict[str, Any], dict[str, list[np.ndarray]], list[dict[str, Any]]]:
-    """The manifest, the tensors ``names`` of every complete shard (in shard
-    order) and their metadata rows; missing shards are an error unless
-    ``allow_partial``."""
+    out_dir: Path, manifest: Mapping[str, Any], names: Sequence[str], allow_partial: bool
+) -> tuple[dict[str, list[np.ndarray]], list[dict[str, Any]]]:
+    """The tensors ``names`` of every complete shard (in shard order) and their
+    metadata rows; missing shards are an error unless ``allow_partial``."""
     from safetensors.numpy import load_file
 
-    out_dir = Path(out_dir)
-    manifest_path = out_dir / MANIFEST
-    if not manifest_path.exists():
-        raise ExtractError(f"{out_dir}: no {MANIFEST} (not an extraction directory)")
-    manifest = json.loads(manifest_path.read_text())
     tensors: dict[str, list[np.ndarray]] = {name: [] for name in names}
     meta: list[dict[str, Any]] = []
     missing = 0
@@ -755,7 +756,7 @@ def _read_shards(
             f"{out_dir}: {missing} of {manifest['shards']} shards are missing "
             "(run vllm-pamer extract again to finish, or pass allow_partial=True)"
         )
-    return manifest, tensors, meta
+    return tensors, meta
 
 
 def load_states(
@@ -764,7 +765,8 @@ def load_states(
     """``(full [n, d], recent2 [n, d], meta)`` of an extraction directory, rows
     in shard order; ``meta[k]`` describes row ``k``. A run with shards still
     missing is an error unless ``allow_partial`` (then the complete ones)."""
-    _, tensors, meta = _read_shards(out_dir, STATE_NAMES, allow_partial)
+    out_dir = Path(out_dir)
+    tensors, meta = _read_shards(out_dir, _read_manifest(out_dir), STATE_NAMES, allow_partial)
     if not meta:
         empty = np.zeros((0, 0), dtype=np.float32)
         return empty, empty.copy(), []
@@ -777,10 +779,11 @@ def load_layer_states(
 ) -> tuple[np.ndarray, np.ndarray, list[str], list[dict[str, Any]]]:
     """``(last [n, taps, d], mean [n, taps, d], tap names, meta)`` of a
     ``--layers`` extraction (full context), rows as in ``load_states``."""
-    manifest_path = Path(out_dir) / MANIFEST
-    if manifest_path.exists() and not json.loads(manifest_path.read_text()).get("layers"):
+    out_dir = Path(out_dir)
+    manifest = _read_manifest(out_dir)
+    if not manifest.get("layers"):
         raise ExtractError(f"{out_dir}: extracted without --layers (no layer states)")
-    manifest, tensors, meta = _read_shards(out_dir, LAYER_NAMES, allow_partial)
+    tensors, meta = _read_shards(out_dir, manifest, LAYER_NAMES, allow_partial)
     if not meta:
         raise ExtractError(f"{out_dir}: no complete shard")
     last, mean = (np.concatenate(tensors[name]).astype(np.float32) for name in LAYER_NAMES)

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from vllm_pamer.training.metrics import auprc, auroc, mean_sd
-from vllm_pamer.training.train import TARGETS, Standardizer, fit_head, grouped_split, task_id
+from vllm_pamer.training.train import TARGETS, Standardizer, _labels, fit_head, grouped_split, task_id
 
 POOLINGS = ("last", "mean")
 
@@ -64,10 +64,6 @@ class LayerwiseResult:
 
     def summary(self, target: str, tap: str, pooling: str, metric: str = "auroc") -> tuple[float, float]:
         return mean_sd(self.cells[target][tap][pooling][metric])
-
-
-def _labels(meta: Sequence[Mapping[str, Any]], target: str) -> np.ndarray:
-    return np.array([-1 if r.get(target) is None else int(bool(r[target])) for r in meta], dtype=np.int64)
 
 
 def run_layerwise(

@@ -53,6 +53,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -648,6 +649,19 @@ def _evaluate(y_val, z_val, y_test, z_test) -> dict[str, Any]:
     return {"threshold": threshold, "val": val, "test": test, "test_scores": np.asarray(z_test, dtype=np.float64)}
 
 
+@contextmanager
+def torch_threads(threads: int | None):
+    """Run a block with ``threads`` torch CPU threads (None: torch's setting),
+    restoring the previous count afterwards."""
+    previous = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
 def run_experiment(
     full: np.ndarray,
     recent2: np.ndarray,
@@ -658,13 +672,8 @@ def run_experiment(
 ) -> ExperimentResult:
     """Train and evaluate everything on one set of extracted states."""
     config = config or TrainConfig()
-    previous_threads = torch.get_num_threads()
-    if config.threads:
-        torch.set_num_threads(config.threads)
-    try:
+    with torch_threads(config.threads):
         return _run_experiment(full, recent2, meta, config, texts, log)
-    finally:
-        torch.set_num_threads(previous_threads)
 
 
 def _run_experiment(full, recent2, meta, config: TrainConfig, texts, log) -> ExperimentResult:
@@ -1345,16 +1354,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             last, mean, taps, layer_meta = load_layer_states(args.layer_states, allow_partial=args.allow_partial)
         except ExtractError as exc:
             sys.exit(f"vllm-pamer train: {exc}")
-        threads = torch.get_num_threads()
-        if config.threads:
-            torch.set_num_threads(config.threads)
-        try:
+        with torch_threads(config.threads):
             layerwise = run_layerwise(
                 last, mean, taps, layer_meta, seeds=seeds, epochs=args.epochs,
                 num_layers=fingerprint.num_hidden_layers,
             )
-        finally:
-            torch.set_num_threads(threads)
         path = write_layerwise_report(layerwise, args.report, inputs={"layer_states": str(args.layer_states)})
         print(f"[train] layerwise report: {path}")
     if args.report:

@@ -134,6 +134,24 @@ def cap_head_and_tail(text: str, budget: int) -> str:
     return text[: keep // 2] + marker + text[len(text) - (keep - keep // 2):]
 
 
+SUMMARY_CHECKLIST = (
+    "- the goal and how far it has progressed;\n"
+    "- facts found, with identifiers and values copied exactly (ids, names, numbers, dates, paths, amounts);\n"
+    "- decisions made and why; dead ends and what failed;\n"
+    "- open questions.\n"
+    "Write only the summary."
+)
+"""What every summary request asks to keep (both layouts)."""
+
+
+def remember(mapping: dict, key: Any, value: Any, limit: int) -> None:
+    """``mapping[key] = value``, dropping the oldest entries beyond ``limit``
+    (per-session state that must not grow without bound)."""
+    mapping[key] = value
+    while len(mapping) > limit:
+        mapping.pop(next(iter(mapping)))
+
+
 def summary_prompt(source: str) -> list[Message]:
     return [
         {
@@ -145,13 +163,7 @@ def summary_prompt(source: str) -> list[Message]:
             "content": (
                 "Below are earlier steps of an agent's work (its actions and the tool results). "
                 "They will be removed from its context and replaced by your summary, so keep what "
-                "later steps need:\n"
-                "- the goal and how far it has progressed;\n"
-                "- facts found, with identifiers and values copied exactly (ids, names, numbers, "
-                "dates, paths, amounts);\n"
-                "- decisions made and why; dead ends and what failed;\n"
-                "- open questions.\n"
-                "Write only the summary.\n\n=== STEPS ===\n" + source + "\n=== END ==="
+                "later steps need:\n" + SUMMARY_CHECKLIST + "\n\n=== STEPS ===\n" + source + "\n=== END ==="
             ),
         },
     ]
@@ -164,12 +176,7 @@ def summary_instruction(after_memories: bool) -> Message:
         "role": "user",
         "content": (
             f"Stop working on the task. The steps above, {where}, will be removed from your context and "
-            "replaced by a summary. Write that summary; keep what later steps need:\n"
-            "- the goal and how far it has progressed;\n"
-            "- facts found, with identifiers and values copied exactly (ids, names, numbers, dates, paths, amounts);\n"
-            "- decisions made and why; dead ends and what failed;\n"
-            "- open questions.\n"
-            "Write only the summary."
+            "replaced by a summary. Write that summary; keep what later steps need:\n" + SUMMARY_CHECKLIST
         ),
     }
 
@@ -308,11 +315,12 @@ class Pamer(MemoryPolicy):
         cfg: PamerConfig = self.config
         old_messages = [m for b in blocks for m in b.messages]
         source = cap_head_and_tail(serialize_messages(old_messages), cfg.summary_source_chars)
-        by_conversation = getattr(services, "summarize_conversation", None)
-        if cfg.summary_layout != "conversation" or prefix is None:
-            by_conversation = None
-        seen = list(prefix or []) + ([memory_message(shown)] if shown else [])
-        conversation = seen + old_messages + [summary_instruction(after_memories=bool(shown))]
+        by_conversation = None
+        if cfg.summary_layout == "conversation" and prefix is not None:
+            by_conversation = getattr(services, "summarize_conversation", None)
+        if by_conversation is not None:
+            seen = list(prefix) + ([memory_message(shown)] if shown else [])
+            conversation = seen + old_messages + [summary_instruction(after_memories=bool(shown))]
 
         async def summarize() -> str:
             if by_conversation is not None:
@@ -413,9 +421,8 @@ class Pamer(MemoryPolicy):
                 store.log_event(session, "recall_failure", {"error": str(exc)})
                 return PolicyDecision(original, "fallback:recall_failure", str(exc))
             inserted = [memory_message(chosen)] if chosen else []
-            self._shown[session] = list(chosen)
-            while len(self._shown) > self.max_tracked_sessions:
-                self._shown.pop(next(iter(self._shown)))
+            if cfg.summary_layout == "conversation":  # only that layout rebuilds what was shown
+                remember(self._shown, session, list(chosen), self.max_tracked_sessions)
             messages = prefix + inserted + old_messages + recent_messages
             store.log_event(session, "recalled", {"memory_ids": [m.id for m in chosen]})
             notes.append(f"recalled memories {sorted(m.id for m in chosen)}")
@@ -430,18 +437,15 @@ class Pamer(MemoryPolicy):
             scores = cosine_scores(query, [by_id[i] for i in {*previous, *(m.id for m in fresh)}])
             ids = stable_selection(scores, previous, [m.id for m in fresh], self.config.top_k, self.config.recall_margin)
             fresh = [by_id[i] for i in ids]
-        self._last_recall[session] = [m.id for m in fresh]
-        while len(self._last_recall) > self.max_tracked_sessions:
-            self._last_recall.pop(next(iter(self._last_recall)))
+        remember(self._last_recall, session, [m.id for m in fresh], self.max_tracked_sessions)
         return fresh
 
     def _remember_next_old(self, session: str, live: list[Block], services) -> None:
         """If one block arrives, the next request's O is the live blocks but the
         newest ``retained_blocks - 1``: the candidate a summary may start on."""
         blocks = live[: max(0, len(live) - self.config.retained_blocks + 1)]
-        self._next_old[session] = (blocks, services.count_tokens([m for b in blocks for m in b.messages]))
-        while len(self._next_old) > self.max_tracked_sessions:
-            self._next_old.pop(next(iter(self._next_old)))
+        tokens = services.count_tokens([m for b in blocks for m in b.messages])
+        remember(self._next_old, session, (blocks, tokens), self.max_tracked_sessions)
 
     async def _compress(
         self, request, context, prefix, old: list[Block], recent: list[Block], original, old_tokens, notes, shown=()
