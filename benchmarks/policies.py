@@ -1,25 +1,43 @@
-"""Every policy on recorded trajectories, side by side in one run: one
-``vllm-pamer serve`` of the embedded model, the replay harness
-(``vllm_pamer.replay``) run once per policy, its report and plot written to
+"""Every policy on recorded trajectories, side by side: one ``vllm-pamer
+serve`` of the embedded model, the replay harness (``vllm_pamer.replay``) run
+per group of trajectories and per policy, its report and plots written to
 ``--out`` (default benchmarks/results/policies/).
 
-    .venv/bin/python benchmarks/policies.py                       # CPU-sized subsample
-    .venv/bin/python benchmarks/policies.py --tau 0 --swe 0       # every shared trajectory (GPU)
+    .venv/bin/python benchmarks/policies.py --tau 3 --swe 1 --max-steps 10   # CPU-sized subsample, minutes
+    .venv/bin/python benchmarks/policies.py --tau 0 --swe 8 --swe-max-steps 30 --swe-group-size 2 \\
+        --order random --stop-after-min 100 --out benchmarks/results/policies-full   # resumable, hours
 
 Data: ../shared/data/trajectories/{tau_airline,mini_swe}.jsonl.gz, the first
-``--tau`` / ``--swe`` trajectories of each (0 = all), their first ``--max-steps``
-requests. Heads: the shipped trained heads of the embedded model (or
-``--heads``). Internal answers are shortened with ``--summary-tokens`` so a
-CPU run ends in minutes; say so when quoting the numbers.
+``--tau`` / ``--swe`` trajectories of each (0 = all), at most ``--max-steps`` /
+``--swe-max-steps`` requests each. Heads: the shipped trained heads of the
+embedded model (or ``--heads``). Internal answers are shortened with
+``--summary-tokens`` so a CPU run ends in hours, not days; say so when quoting.
+
+Trajectories are split into groups of ``--group-size`` and every policy runs
+on a group before the next group starts (prefix cache emptied before each
+run), so a run stopped at any point still compares all policies on the same
+trajectories. Each finished (group, policy) unit is saved under
+``OUT/units/``; running the same command again resumes after the last saved
+unit (the settings must match; ``OUT/settings.json``). ``--stop-after-min``
+starts no new unit after that many minutes, so a long run can be spread over
+several sittings. The report covers the groups every policy finished.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import gzip
 import json
+import os
+import random
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+
+import msgspec
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -27,26 +45,174 @@ sys.path.insert(0, str(ROOT))
 from tests.e2e.helpers import free_port  # noqa: E402
 from vllm_pamer.default_model import ensure_default_model, shipped_heads  # noqa: E402
 from vllm_pamer.demo import ServerProcess  # noqa: E402
-from vllm_pamer.replay.client import ReplaySettings, plan_replay, run_replay  # noqa: E402
+from vllm_pamer.replay.client import ReplaySettings, TrajectoryPlan, plan_replay, replay_policy  # noqa: E402
+from vllm_pamer.replay.records import RunSummary, StepRecord  # noqa: E402
 from vllm_pamer.replay.report import markdown_table, write_report  # noqa: E402
 from vllm_pamer.trajectories import load_trajectories  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "trajectories"
-POLICIES = ("none,recent_k,recent_10,discard_tool,periodic_summary,rolling_summary,"
+POLICIES = ("none,sliding_window,recent_k,discard_tool,periodic_summary,rolling_summary,"
             "pamer,pamer_unstable,pamer_conversation,pamer_plus,sam")
+
+
+class Unit(msgspec.Struct):
+    """One policy's run over one group: what ``OUT/units/<group>--<policy>.json.gz`` holds."""
+
+    run: RunSummary
+    records: list[StepRecord]
+
+
+def policy_options(summary_tokens: int) -> dict[str, dict]:
+    n = summary_tokens
+    return {
+        "pamer": {"summary_max_tokens": n},
+        "pamer_plus": {"summary_max_tokens": n, "recall_max_tokens": n},
+        "periodic_summary": {"summary_max_tokens": n},
+        "rolling_summary": {"summary_max_tokens": n},
+        "sam": {"cue_max_tokens": n, "recall_max_tokens": n},
+        # PaMER without stable recall: what the margin buys in prefix-cache reuse
+        "pamer_unstable": {"policy": "pamer", "summary_max_tokens": n, "stable_recall": False},
+        # PaMER whose summary request continues the conversation the engine last saw (prefix-cache hits)
+        "pamer_conversation": {"policy": "pamer", "summary_max_tokens": n, "summary_layout": "conversation"},
+    }
+
+
+def make_groups(args: argparse.Namespace) -> list[tuple[str, list[TrajectoryPlan]]]:
+    """Named groups of plans: tau and swe groups interleaved (a swe group first,
+    then one every so many tau groups), so every sitting sees both kinds."""
+    by_kind = {}
+    for kind, name, count, steps, size in (
+        ("tau", "tau_airline", args.tau, args.max_steps, args.group_size),
+        ("swe", "mini_swe", args.swe, args.swe_max_steps or args.max_steps, args.swe_group_size or args.group_size),
+    ):
+        loaded = load_trajectories(DATA / f"{name}.jsonl.gz")
+        chosen = loaded if count == 0 else loaded[:count]
+        if args.order == "random":
+            chosen = random.Random(args.seed).sample(chosen, len(chosen))
+        plans = plan_replay(chosen, steps) if count >= 0 else []
+        by_kind[kind] = [(f"{kind}-{i // size:03d}", plans[i:i + size]) for i in range(0, len(plans), size)]
+    tau, swe = by_kind["tau"], by_kind["swe"]
+    every = max(1, len(tau) // max(1, len(swe)))
+    groups: list[tuple[str, list[TrajectoryPlan]]] = []
+    for i, group in enumerate(tau):
+        if i % every == 0 and swe:
+            groups.append(swe.pop(0))
+        groups.append(group)
+    return groups + swe
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def check_settings(out: Path, settings: dict, running: bool = True) -> list[str]:
+    """Write ``settings.json`` on a first run; on a resume, refuse other settings.
+    Returns the commits that ran so far (this one appended when ``running``)."""
+    path = out / "settings.json"
+    commit = git_commit()
+    if path.exists():
+        saved = json.loads(path.read_text())
+        commits = saved.pop("commits", [])
+        if saved != settings:
+            changed = sorted(k for k in {*saved, *settings} if saved.get(k, "(unset)") != settings.get(k, "(unset)"))
+            sys.exit(f"{out} holds a run with other settings ({', '.join(changed)}): "
+                     "pass the same options to resume it, or another --out")
+    else:
+        commits = []
+    if running and commit not in commits:
+        commits.append(commit)
+    out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**settings, "commits": commits}, indent=2) + "\n")
+    return commits
+
+
+def unit_path(out: Path, group: str, policy: str) -> Path:
+    return out / "units" / f"{group}--{policy}.json.gz"
+
+
+def save_unit(path: Path, unit: Unit) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    partial.write_bytes(gzip.compress(msgspec.json.encode(unit)))
+    partial.replace(path)  # a unit is there whole or not at all
+
+
+def load_unit(path: Path) -> Unit:
+    return msgspec.json.decode(gzip.decompress(path.read_bytes()), type=Unit)
+
+
+async def run_units(settings: ReplaySettings, groups, policies: list[str], out: Path, stop_after_s: float | None) -> int:
+    """Each (group, policy) not saved yet, in order; returns how many ran."""
+    import httpx
+
+    from vllm_pamer.replay.client import served_model
+
+    started, ran = time.monotonic(), 0
+    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=settings.concurrency + 4)) as client:
+        model = await served_model(client, settings.url)
+        for group, plans in groups:
+            for policy in policies:
+                path = unit_path(out, group, policy)
+                if path.exists():
+                    continue
+                if stop_after_s is not None and time.monotonic() - started > stop_after_s:
+                    return ran
+                print(f"{group} ({len(plans)} trajectories, {sum(len(p.steps) for p in plans)} requests): {policy}")
+                records, run = await replay_policy(client, settings, model, policy, plans)
+                run.group = group
+                save_unit(path, Unit(run, records))
+                ran += 1
+    return ran
+
+
+def report(out: Path, groups, policies: list[str], commits: list[str], args: argparse.Namespace) -> None:
+    """The report over the groups every policy finished."""
+    complete = [(g, plans) for g, plans in groups if all(unit_path(out, g, p).exists() for p in policies)]
+    if not complete:
+        print("no group finished by every policy yet: no report")
+        return
+    units = [load_unit(unit_path(out, g, p)) for g, _ in complete for p in policies]
+    # policies in the order given, then groups, so merged rows come out in policy order
+    units.sort(key=lambda u: policies.index(u.run.policy))
+    records = [r for u in units for r in u.records]
+    runs = [u.run for u in units]
+    kinds = {k: sum(len(plans) for g, plans in complete if g.startswith(k)) for k in ("tau", "swe")}
+    preface = (
+        f"{len(complete)} of {len(groups)} groups finished by all {len(policies)} policies: "
+        f"{kinds['tau']} tau-bench and {kinds['swe']} mini-swe trajectories (at most {args.max_steps or 'all'} / "
+        f"{args.swe_max_steps or args.max_steps or 'all'} requests each), {args.concurrency} sessions at a time, "
+        f"{args.max_tokens} tokens generated per request, summaries / cues / recalls <= {args.summary_tokens} tokens. "
+        f"Code: {', '.join(commits)}. Command: `{' '.join(['.venv/bin/python', 'benchmarks/policies.py', *sys.argv[1:]])}`\n"
+    )
+    rows = write_report(out, records, runs, records_name=None, title="Policies side by side", preface=preface)
+    print(markdown_table(rows))
+    print(preface)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--policies", default=POLICIES)
-    parser.add_argument("--tau", type=int, default=4, help="first N tau-bench trajectories (0 = all)")
-    parser.add_argument("--swe", type=int, default=1, help="first N mini-swe trajectories (0 = all)")
-    parser.add_argument("--max-steps", type=int, default=16)
+    parser.add_argument("--tau", type=int, default=4, help="first N tau-bench trajectories (0 = all, -1 = none)")
+    parser.add_argument("--swe", type=int, default=1, help="first N mini-swe trajectories (0 = all, -1 = none)")
+    parser.add_argument("--max-steps", type=int, default=None, help="first N requests of each trajectory")
+    parser.add_argument("--swe-max-steps", type=int, default=None, help="for mini-swe (default: --max-steps)")
+    parser.add_argument("--order", choices=("first", "random"), default="first",
+                        help="group the chosen trajectories in file order or shuffled (--seed)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--group-size", type=int, default=4, help="trajectories per group (default %(default)s)")
+    parser.add_argument("--swe-group-size", type=int, default=None, help="for mini-swe (default: --group-size)")
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--summary-tokens", type=int, default=96, help="summary / cue / recall length")
     parser.add_argument("--heads", default=None)
-    parser.add_argument("--serve-args", default="--enforce-eager")
+    parser.add_argument("--serve-args", default="--enforce-eager --enable-prompt-tokens-details")
+    parser.add_argument("--stop-after-min", type=float, default=None,
+                        help="start no new (group, policy) run after this many minutes; run again to resume")
+    parser.add_argument("--report-only", action="store_true", help="write the report from the saved units and exit")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "policies"))
     args = parser.parse_args()
 
@@ -54,42 +220,35 @@ def main() -> None:
     heads = args.heads or shipped_heads()
     if heads is None:
         sys.exit("no heads: ship trained heads (vllm-pamer train) or pass --heads")
-    n = args.summary_tokens
-    options = {
-        "pamer": {"summary_max_tokens": n},
-        "pamer_plus": {"summary_max_tokens": n, "recall_max_tokens": n},
-        "periodic_summary": {"summary_max_tokens": n},
-        "rolling_summary": {"summary_max_tokens": n},
-        "sam": {"cue_max_tokens": n, "recall_max_tokens": n},
-        "recent_10": {"policy": "recent_k", "k": 10},
-        # PaMER without stable recall: what the margin buys in prefix-cache reuse
-        "pamer_unstable": {"policy": "pamer", "summary_max_tokens": n, "stable_recall": False},
-        # PaMER whose summary request continues the conversation the engine last saw (prefix-cache hits)
-        "pamer_conversation": {"policy": "pamer", "summary_max_tokens": n, "summary_layout": "conversation"},
-    }
-    trajectories = []
-    for name, count in (("tau_airline", args.tau), ("mini_swe", args.swe)):
-        loaded = load_trajectories(DATA / f"{name}.jsonl.gz")
-        trajectories += loaded if count == 0 else loaded[:count]
-    plans = plan_replay(trajectories, args.max_steps)
-    log = Path(tempfile.mkdtemp(prefix="policies-")) / "server.log"
-    serve = ["--pamer-policy", "none", "--pamer-heads", str(heads), "--pamer-options-by-policy", json.dumps(options),
-             *args.serve_args.split()]
-    # dev mode serves POST /reset_prefix_cache: each policy starts from an empty
-    # prefix cache, so "prefill computed" compares across policies
-    env = {"PAMER_STORE": str(log.parent / "memory.sqlite3"), "VLLM_SERVER_DEV_MODE": "1"}
-    server = ServerProcess(serve, free_port(), log, env=env)
-    try:
-        server.wait_ready(timeout=900)
-        settings = ReplaySettings(url=server.base_url, max_tokens=args.max_tokens, concurrency=args.concurrency,
-                                  reset_prefix_cache=True)
-        records, runs = run_replay(settings, [p for p in args.policies.split(",") if p], plans)
-    finally:
-        server.stop()
-    rows = write_report(args.out, records, runs)
-    print(markdown_table(rows))
-    print(f"\n{len(plans)} trajectories ({args.tau or 'all'} tau, {args.swe or 'all'} mini-swe), "
-          f"first {args.max_steps} requests each; summaries <= {n} tokens; report in {args.out}; server log {log}")
+    policies = [p for p in args.policies.split(",") if p]
+    options = policy_options(args.summary_tokens)
+    out = Path(args.out)
+    groups = make_groups(args)
+    fixed = {k: getattr(args, k) for k in ("tau", "swe", "max_steps", "swe_max_steps", "order", "seed", "group_size", "swe_group_size",
+                                             "concurrency", "max_tokens", "summary_tokens", "serve_args", "policies")}
+    commits = check_settings(out, {**fixed, "heads": Path(heads).name}, running=not args.report_only)
+    if not args.report_only:
+        log = Path(tempfile.mkdtemp(prefix="policies-")) / "server.log"
+        serve = ["--pamer-policy", "none", "--pamer-heads", str(heads), "--pamer-options-by-policy",
+                 json.dumps(options), *args.serve_args.split()]
+        # dev mode serves POST /reset_prefix_cache: each run starts from an empty
+        # prefix cache, so "prefill computed" compares across policies
+        env = {"PAMER_STORE": str(log.parent / "memory.sqlite3"), "VLLM_SERVER_DEV_MODE": "1"}
+        # vLLM's CPU engine keeps a core for its scheduler unless told not to:
+        # on 2 cores, letting it use both ran this replay 1.3x faster (measured)
+        if "VLLM_CPU_NUM_OF_RESERVED_CPU" not in os.environ:
+            env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+        server = ServerProcess(serve, free_port(), log, env=env)
+        try:
+            server.wait_ready(timeout=900)
+            settings = ReplaySettings(url=server.base_url, max_tokens=args.max_tokens, concurrency=args.concurrency,
+                                      reset_prefix_cache=True)
+            stop = args.stop_after_min * 60 if args.stop_after_min is not None else None
+            ran = asyncio.run(run_units(settings, groups, policies, out, stop))
+        finally:
+            server.stop()
+        print(f"{ran} (group, policy) runs this time; server log {log}")
+    report(out, groups, policies, commits, args)
 
 
 if __name__ == "__main__":

@@ -89,6 +89,7 @@ def test_later_request_drops_covered_blocks_and_recalls_after_prefix(store):
     later = conversation(10)  # the agent resends everything plus two new blocks
     outcome = run(later, store, Services(), KEEP)
     assert outcome.action == "recalled"
+    assert outcome.recalled == (store.load("s1").memories[0].id,)  # reported for clients
     assert outcome.messages[:2] == later[:2]
     assert outcome.messages[2]["content"].startswith(MEMORY_HEADER)
     # covered blocks are gone; the two formerly recent blocks and the new ones stay raw

@@ -58,6 +58,7 @@ def test_selected_steps_are_recalled_and_injected_after_the_summaries(store):
     services = ScriptedServices({"summary_ids": [1], "raw_steps_needed": ["1.3"]})
     out = later(store, policy, services)
     assert out.action == "recalled" and protocol_issues(out.messages) == []
+    assert out.recalled == (1,)  # the summaries shown, kept through the step evidence
     assert out.messages[2]["content"].startswith(MEMORY_HEADER)
     assert out.messages[3]["content"].startswith(f"{EVIDENCE_HEADER} 1.3:")
     assert [kind for kind, _ in services.calls] == ["selector", "recall"]
@@ -122,17 +123,19 @@ def test_pamer_recall_text_stays_identical_while_the_query_drifts(store):
     queries = [np.eye(64)[0] * 1.0 + np.eye(64)[1] * 0.98, np.eye(64)[0] * 0.98 + np.eye(64)[1] + np.eye(64)[2] * 1.01]
 
     def recalled(policy):
-        texts = []
+        texts, ids = [], []
         for q in queries:
             services.embed = lambda text, q=q: asyncio.sleep(0, result=q.astype(np.float32))
             out = asyncio.run(rewrite_request(conversation(3), "s", policy, KEEP, PamerContext(store, services)))
             texts.append(out.messages[2]["content"])
-        return texts
+            ids.append(out.recalled)
+        return texts, ids
 
-    plain = recalled(create_policy("pamer", {"top_k": 2, "stable_recall": False}))
-    stable = recalled(create_policy("pamer", {"top_k": 2}))
-    assert plain[0] != plain[1]
+    plain, plain_ids = recalled(create_policy("pamer", {"top_k": 2, "stable_recall": False}))
+    stable, stable_ids = recalled(create_policy("pamer", {"top_k": 2}))
+    assert plain[0] != plain[1] and plain_ids[0] != plain_ids[1]
     assert stable[0] == stable[1] == plain[0]
+    assert stable_ids[0] == stable_ids[1] == plain_ids[0]
 
 
 def test_selection_schema_accepts_exactly_the_selection_shape():

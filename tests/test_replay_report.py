@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import pytest
 
 from vllm_pamer.replay import prometheus
@@ -86,13 +87,52 @@ def test_markdown_table_and_files(tmp_path):
     table = markdown_table(rows)
     lines = table.splitlines()
     assert lines[0].startswith("| policy | trajectories |") and len(lines) == 4
-    assert "| none | 2 | 3 | 1 | 312 | 250 | 600 | 50.0% | 3.00 | 100.0% | 100.0% | - | - |" in table
+    assert "| none | 2 | 3 | 1 | 312 | 250 | 600 | 50.0% | 3.00 | - | - | 100.0% | 100.0% | - | - |" in table
     assert "| recent_k | 2 | 4 | 0 |" in lines[3] and "66.7% | 0.50 |" in lines[3]
     assert read_records(tmp_path / "records.jsonl") == RECORDS
     assert [r.policy for r in read_runs(tmp_path / "runs.json")] == ["none", "recent_k"]
     assert json.loads((tmp_path / "summary.json").read_text())[1]["agree_tool"] == pytest.approx(2 / 3)
     assert (tmp_path / "context_per_turn.png").read_bytes()[:4] == b"\x89PNG"
     assert "context_per_turn.png" in (tmp_path / "report.md").read_text()
+
+
+def test_runs_of_one_policy_merge_and_kinds_get_their_own_tables(tmp_path):
+    """A benchmark runs every policy per group of trajectories: the rows add
+    the groups up; with tau and swe groups, each kind gets a table and a plot."""
+    tau = [msgspec.structs.replace(r, kind="tau") for r in RECORDS if r.trajectory_id == "A"]
+    swe = [msgspec.structs.replace(r, kind="swe") for r in RECORDS if r.trajectory_id == "B"]
+    runs = [
+        RunSummary(policy=p, trajectories=1, requests=2, elapsed_s=t, kind=k, group=g, kv_usage_peak=kv,
+                   metric_deltas={"vllm:prefix_cache_queries_total": q, "vllm:prefix_cache_hits_total": h})
+        for p, t, k, g, kv, q, h in [
+            ("none", 20.0, "tau", "tau-0", 0.5, 400.0, 100.0), ("recent_k", 10.0, "tau", "tau-0", 0.1, 200.0, 100.0),
+            ("none", 40.0, "swe", "swe-0", 0.2, 600.0, 300.0), ("recent_k", 20.0, "swe", "swe-0", 0.25, 300.0, 200.0),
+        ]
+    ]
+    rows = write_report(tmp_path, tau + swe, runs, records_name="records.jsonl.gz", title="Policies")
+    none, recent = rows
+    assert (none.trajectories, none.prefill_computed, none.peak_kv_usage) == (2, 600, 0.5)
+    assert none.steps_per_min == pytest.approx(3 / 1.0)  # 3 answered in 60 s
+    assert (recent.prefill_computed, recent.peak_kv_usage) == (200, 0.25)
+    assert read_records(tmp_path / "records.jsonl.gz") == tau + swe
+    report = (tmp_path / "report.md").read_text()
+    assert report.startswith("# Policies") and "## tau-bench" in report and "## mini-swe" in report
+    tau_table = report.split("## tau-bench")[1].split("##")[0]
+    assert "| none | 1 | 2 | 0 |" in tau_table and "| 300 |" in tau_table  # tau-0's counters alone
+    assert (tmp_path / "context_per_turn_swe.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cache_hits_and_recall_changes():
+    def step(i, recalled, cached):
+        return msgspec.structs.replace(
+            rec("pamer", "A", i, 100), cached_tokens=cached, pamer={"recalled": recalled} if recalled != "-" else {}
+        )
+
+    records = [step(0, "-", 0), step(1, [3], 50), step(2, [3], 80), step(3, [4, 3], 10), step(4, "-", None),
+               step(5, [4, 3], 90)]
+    (row,) = summarize(records, [RunSummary(policy="pamer", trajectories=1, requests=6, elapsed_s=6.0)])
+    assert row.recalls == 3 and row.recall_changes == pytest.approx(1 / 3)  # [3] -> [3] -> [4, 3] -> [4, 3]
+    assert row.cache_hits == pytest.approx((0 + 50 + 80 + 10 + 90) / 500)  # step 4 reported none
 
 
 def test_context_per_turn():

@@ -69,6 +69,10 @@ def test_conversation_layout_summaries_are_stored_and_recalled(runs):
         if report["action"] == "recalled":  # the summary sits right after P
             memory = report["messages_sent"][2]["content"]
             assert memory.startswith(MEMORY_HEADER) and len(memory) > len(MEMORY_HEADER) + 20, memory
+            # the ids shown are reported, and each appears in the memory message
+            assert report["recalled"] and all(f"[memory {i}]" in memory for i in report["recalled"]), report
+        else:
+            assert report["recalled"] is None
 
 
 def test_pamer_plus_runs_its_selector_on_recalling_requests(runs):

@@ -26,6 +26,7 @@ class RewriteOutcome(msgspec.Struct, frozen=True):
     detail: str = ""
     tokens_inserted: int = 0
     extra_tools: tuple[dict, ...] = ()
+    recalled: tuple[int, ...] | None = None
 
     @property
     def is_fallback(self) -> bool:
@@ -61,5 +62,6 @@ async def rewrite_request(
     if issues or not decision.messages:
         return _fallback(messages, "invalid_rewrite", issues[0].detail if issues else "empty result")
     return RewriteOutcome(
-        decision.messages, decision.action, decision.detail, decision.tokens_inserted, decision.extra_tools
+        decision.messages, decision.action, decision.detail, decision.tokens_inserted, decision.extra_tools,
+        decision.recalled,
     )

@@ -178,7 +178,7 @@ async def send_step(
         body["tools"] = plan.tools
     headers = {"X-Session-ID": session_id, "X-Pamer-Policy": policy, "X-Pamer-Echo": "1"}
     record = StepRecord(
-        policy=policy, trajectory_id=plan.trajectory_id, session_id=session_id, step=step.step,
+        policy=policy, trajectory_id=plan.trajectory_id, kind=plan.kind, session_id=session_id, step=step.step,
         message_index=step.message_index, status="ok", latency_s=0.0, needed=len(step.needed),
         chars_original=step.chars_original,
     )
@@ -207,6 +207,7 @@ async def send_step(
     record.prompt_tokens_out = pamer.get("prompt_tokens_out")
     record.usage_prompt_tokens = usage.get("prompt_tokens")
     record.usage_completion_tokens = usage.get("completion_tokens")
+    record.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
     message = (data.get("choices") or [{}])[0].get("message") or {}
     record.action_tool, record.action_arguments, record.action_text, record.action_values = model_action(message)
     if sent is not None:
@@ -252,8 +253,10 @@ async def replay_policy(
         bar.close()
     after = await scrape(client, settings.url)
     records.sort(key=lambda r: (r.trajectory_id, r.step))
+    kinds = {plan.kind for plan in plans}
     summary = RunSummary(
         policy=policy,
+        kind=kinds.pop() if len(kinds) == 1 else "",
         trajectories=len(plans),
         requests=len(records),
         elapsed_s=elapsed,

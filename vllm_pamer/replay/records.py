@@ -6,6 +6,7 @@ plain msgspec structs, stored as JSON lines / JSON.
 
 from __future__ import annotations
 
+import gzip
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,6 +20,8 @@ class StepRecord(msgspec.Struct, kw_only=True):
 
     policy: str
     trajectory_id: str
+    kind: str = ""
+    """``tau`` or ``swe`` (how evidence is read, ``evidence.trajectory_kind``)."""
     session_id: str
     step: int
     """Index among the trajectory's decision points (0-based)."""
@@ -32,6 +35,9 @@ class StepRecord(msgspec.Struct, kw_only=True):
     prompt_tokens_out: int | None = None
     usage_prompt_tokens: int | None = None
     usage_completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    """Prompt tokens vLLM served from its prefix cache (``usage.prompt_tokens_details``,
+    reported when the server runs with ``--enable-prompt-tokens-details``)."""
     pamer: dict[str, Any] | None = None
     """The response's ``pamer`` report without ``messages_sent``."""
     action_tool: str | None = None
@@ -58,22 +64,32 @@ class RunSummary(msgspec.Struct, kw_only=True):
     trajectories: int
     requests: int
     elapsed_s: float
+    kind: str = ""
+    """``tau`` / ``swe`` when every trajectory of the run is of that kind, else empty."""
+    group: str = ""
+    """Which trajectories (a benchmark runs every policy per group, so a partial run compares)."""
     metric_deltas: dict[str, float] = {}
     """After minus before, per Prometheus sample (``name{labels}``)."""
     kv_usage_peak: float | None = None
     """Highest ``vllm:kv_cache_usage_perc`` sampled during the run (0-1)."""
 
 
+def _open(path: str | Path, mode: str):
+    """Plain or gzip (``.gz``) JSON lines."""
+    return gzip.open(path, mode) if str(path).endswith(".gz") else open(path, mode)
+
+
 def write_records(path: str | Path, records: list[StepRecord]) -> None:
     encoder = msgspec.json.Encoder()
-    with Path(path).open("wb") as handle:
+    with _open(path, "wb") as handle:
         for record in records:
             handle.write(encoder.encode(record) + b"\n")
 
 
 def read_records(path: str | Path) -> list[StepRecord]:
     decoder = msgspec.json.Decoder(StepRecord)
-    return [decoder.decode(line) for line in Path(path).read_bytes().splitlines() if line.strip()]
+    with _open(path, "rb") as handle:
+        return [decoder.decode(line) for line in handle.read().splitlines() if line.strip()]
 
 
 def write_runs(path: str | Path, runs: list[RunSummary]) -> None:

@@ -18,7 +18,17 @@ From the per-request records and each run's counter deltas, per policy:
 * **next-action agreement with ``none``** (when it ran): on the steps both
   answered, the share where the model called the same tool (or both answered
   in text), and the mean Jaccard overlap of the two actions' salient values;
-* **beyond window**: requests the server refused as longer than the window.
+* **beyond window**: requests the server refused as longer than the window;
+* **cache hits**: prompt tokens vLLM served from its prefix cache, per request
+  (``usage.prompt_tokens_details``, with ``--enable-prompt-tokens-details``),
+  over all prompt tokens of the replay's requests;
+* **recall changes**: of the requests that showed recalled memories after an
+  earlier recall in the same session, the share that showed a different list
+  (each change rewrites the prompt right after the prefix, so the prefix cache
+  loses the rest).
+
+Several runs of one policy (a benchmark that runs every policy per group of
+trajectories) are merged: times, counters and trajectories add up.
 """
 
 from __future__ import annotations
@@ -55,6 +65,9 @@ class PolicyRow(msgspec.Struct, kw_only=True):
     chars_share: float | None = None
     agree_tool: float | None = None
     agree_args: float | None = None
+    cache_hits: float | None = None
+    recall_changes: float | None = None
+    recalls: int = 0
 
 
 def jaccard(a: Sequence[str], b: Sequence[str]) -> float:
@@ -65,6 +78,42 @@ def jaccard(a: Sequence[str], b: Sequence[str]) -> float:
 
 def _ratio(numerator: float, denominator: float) -> float | None:
     return numerator / denominator if denominator else None
+
+
+def recall_changes(records: Sequence[StepRecord]) -> tuple[int, int]:
+    """(changed, compared): requests whose recalled list differs from the
+    same session's previous recall, among those that had a previous recall."""
+    last: dict[str, list[int]] = {}
+    changed = compared = 0
+    for r in sorted(records, key=lambda r: (r.session_id, r.step)):
+        shown = (r.pamer or {}).get("recalled") if r.status == "ok" else None
+        if shown is None:
+            continue
+        if r.session_id in last:
+            compared += 1
+            changed += shown != last[r.session_id]
+        last[r.session_id] = shown
+    return changed, compared
+
+
+def merge_runs(runs: Sequence[RunSummary]) -> list[RunSummary]:
+    """One summary per policy, in first-run order: trajectories, requests,
+    time and counter deltas add up, the KV peak is the highest."""
+    merged: dict[str, RunSummary] = {}
+    for run in runs:
+        into = merged.get(run.policy)
+        if into is None:
+            merged[run.policy] = msgspec.structs.replace(run, metric_deltas=dict(run.metric_deltas), group="")
+            continue
+        into.trajectories += run.trajectories
+        into.requests += run.requests
+        into.elapsed_s += run.elapsed_s
+        for key, value in run.metric_deltas.items():
+            into.metric_deltas[key] = into.metric_deltas.get(key, 0.0) + value
+        peaks = [p for p in (into.kv_usage_peak, run.kv_usage_peak) if p is not None]
+        into.kv_usage_peak = max(peaks) if peaks else None
+        into.kind = into.kind if into.kind == run.kind else ""
+    return list(merged.values())
 
 
 def policy_row(records: Sequence[StepRecord], run: RunSummary, baseline: Sequence[StepRecord] | None = None) -> PolicyRow:
@@ -103,6 +152,11 @@ def policy_row(records: Sequence[StepRecord], run: RunSummary, baseline: Sequenc
     shared = [r for r in ok if r.chars_sent is not None]
     row.chars_share = _ratio(sum(r.chars_sent or 0 for r in shared), sum(r.chars_original for r in shared))
 
+    details = [r for r in ok if r.cached_tokens is not None and r.usage_prompt_tokens]
+    row.cache_hits = _ratio(sum(r.cached_tokens or 0 for r in details), sum(r.usage_prompt_tokens or 0 for r in details))
+    changed, row.recalls = recall_changes(ok)
+    row.recall_changes = _ratio(changed, row.recalls)
+
     if baseline is not None and run.policy != BASELINE:
         reference = {(r.trajectory_id, r.step): r for r in baseline if r.status == "ok"}
         pairs = [(r, reference[k]) for r in ok if (k := (r.trajectory_id, r.step)) in reference]
@@ -113,7 +167,8 @@ def policy_row(records: Sequence[StepRecord], run: RunSummary, baseline: Sequenc
 
 
 def summarize(records: Sequence[StepRecord], runs: Sequence[RunSummary]) -> list[PolicyRow]:
-    """One row per run, in run order."""
+    """One row per policy, in run order (several runs of a policy merged)."""
+    runs = merge_runs(runs)
     by_policy: dict[str, list[StepRecord]] = defaultdict(list)
     for r in records:
         by_policy[r.policy].append(r)
@@ -141,6 +196,8 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("prefill_computed", "prefill computed", "num"),
     ("peak_kv_usage", "peak KV", "pct"),
     ("steps_per_min", "steps / min", "rate"),
+    ("cache_hits", "cache hits", "pct"),
+    ("recall_changes", "recall changes", "pct"),
     ("evidence_availability", "evidence availability", "pct"),
     ("chars_share", "chars share", "pct"),
     ("agree_tool", "same tool as none", "pct"),
@@ -167,7 +224,7 @@ def context_per_turn(records: Sequence[StepRecord]) -> dict[str, dict[int, float
     return {p: {s: mean(v) for s, v in sorted(steps.items())} for p, steps in sums.items()}
 
 
-def plot_context_per_turn(records: Sequence[StepRecord], path: str | Path) -> bool:
+def plot_context_per_turn(records: Sequence[StepRecord], path: str | Path, label: str = "") -> bool:
     """The paper's Figure 3 for this replay: mean context per turn, one line per
     policy. False (nothing written) without matplotlib or data."""
     curves = context_per_turn(records)
@@ -185,7 +242,7 @@ def plot_context_per_turn(records: Sequence[StepRecord], path: str | Path) -> bo
         axes.plot(list(points), list(points.values()), label=policy, linewidth=1.5)
     axes.set_xlabel("turn (decision point)")
     axes.set_ylabel("mean prompt tokens sent")
-    axes.set_title("Context size per turn")
+    axes.set_title("Context size per turn" + (f" ({label})" if label else ""))
     axes.grid(alpha=0.3)
     axes.legend()
     figure.tight_layout()
@@ -205,17 +262,41 @@ prefix-cache blocks of an earlier one (prefill computed).
 """
 
 
-def write_report(out_dir: str | Path, records: Sequence[StepRecord], runs: Sequence[RunSummary]) -> list[PolicyRow]:
-    """records.jsonl, runs.json, summary.json, report.md and context_per_turn.png in ``out_dir``."""
+KIND_TITLES = {"tau": "tau-bench", "swe": "mini-swe"}
+
+
+def write_report(
+    out_dir: str | Path,
+    records: Sequence[StepRecord],
+    runs: Sequence[RunSummary],
+    *,
+    records_name: str | None = "records.jsonl",
+    title: str = "Replay",
+    preface: str = "",
+) -> list[PolicyRow]:
+    """``records_name`` (``.gz``: compressed) and runs.json (unless
+    ``records_name`` is None: the caller keeps them), summary.json, report.md
+    and the context plot(s) in ``out_dir``. With trajectories of both kinds in
+    single-kind runs, the report adds a table and a plot per kind (their
+    counters cannot be split otherwise)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows = summarize(records, runs)
-    write_records(out / "records.jsonl", list(records))
-    write_runs(out / "runs.json", list(runs))
+    if records_name is not None:
+        write_records(out / records_name, list(records))
+        write_runs(out / "runs.json", list(runs))
     (out / "summary.json").write_text(json.dumps(msgspec.to_builtins(rows), indent=2) + "\n")
-    table = markdown_table(rows)
-    plotted = plot_context_per_turn(records, out / "context_per_turn.png")
-    (out / "report.md").write_text(
-        "# Replay\n\n" + table + "\n\n" + NOTES + ("\n![context size per turn](context_per_turn.png)\n" if plotted else "")
-    )
+    parts = [f"# {title}\n", preface, markdown_table(rows) + "\n", NOTES]
+    kinds = sorted({run.kind for run in runs if run.kind})
+    if len(kinds) > 1:
+        for kind in kinds:
+            kind_runs = [run for run in runs if run.kind == kind]
+            kind_records = [r for r in records if r.kind == kind]
+            name = KIND_TITLES.get(kind, kind)
+            parts.append(f"\n## {name}\n\n{markdown_table(summarize(kind_records, kind_runs))}\n")
+            if plot_context_per_turn(kind_records, out / f"context_per_turn_{kind}.png", name):
+                parts.append(f"\n![context size per turn, {name}](context_per_turn_{kind}.png)\n")
+    elif plot_context_per_turn(records, out / "context_per_turn.png"):
+        parts.append("\n![context size per turn](context_per_turn.png)\n")
+    (out / "report.md").write_text("\n".join(part for part in parts if part))
     return rows

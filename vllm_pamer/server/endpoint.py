@@ -72,6 +72,8 @@ class PamerReport(msgspec.Struct):
     prompt_tokens_in: int | None = None
     prompt_tokens_out: int | None = None
     detail: str = ""
+    recalled: list[int] | None = None
+    """Ids of the memories shown, in order (None: this request recalled nothing)."""
     messages_sent: list[dict] | None = None
     """The rewritten messages, only when asked for (``X-Pamer-Echo: 1`` or
     ``"pamer_echo": true``): what the policy sent, before tools-as-text rendering."""
@@ -196,6 +198,7 @@ async def _handle_chat(body: dict, raw_request: Request):
         policy=policy.name,
         action=outcome.action,
         detail=outcome.detail,
+        recalled=list(outcome.recalled) if outcome.recalled is not None else None,
         messages_sent=outcome.messages if echo else None,
     )
     template_kwargs = body.get("chat_template_kwargs") if isinstance(body.get("chat_template_kwargs"), dict) else None

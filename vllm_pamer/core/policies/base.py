@@ -42,6 +42,9 @@ class PolicyDecision(msgspec.Struct, frozen=True):
     detail: str = ""
     tokens_inserted: int = 0
     """Tokens of text the policy added (recalled memories), for metrics."""
+    recalled: tuple[int, ...] | None = None
+    """Ids of the memories shown, in the order shown (None: no recall), so
+    clients can see how stable recall is between requests."""
     extra_tools: tuple[dict, ...] = ()
     """Tools the server adds to the request and resolves itself through
     ``MemoryPolicy.resolve_tool_call`` (SAM's ``memory`` tool); the client

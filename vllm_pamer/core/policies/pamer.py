@@ -426,7 +426,10 @@ class Pamer(MemoryPolicy):
             messages = prefix + inserted + old_messages + recent_messages
             store.log_event(session, "recalled", {"memory_ids": [m.id for m in chosen]})
             notes.append(f"recalled memories {sorted(m.id for m in chosen)}")
-            return PolicyDecision(messages, "recalled", "; ".join(notes), services.count_tokens(inserted))
+            return PolicyDecision(
+                messages, "recalled", "; ".join(notes), services.count_tokens(inserted),
+                recalled=tuple(sorted(m.id for m in chosen)),  # as memory_message shows them
+            )
         # Without memories no block is covered, so C_eff is the request itself.
         return PolicyDecision(original, "none", "; ".join(notes))
 

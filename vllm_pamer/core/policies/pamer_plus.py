@@ -133,7 +133,9 @@ class PamerPlus(Pamer):
             at += 1  # right after the recalled summaries
         messages = decision.messages[:at] + [evidence] + decision.messages[at:]
         inserted = decision.tokens_inserted + context.services.count_tokens([evidence])
-        return PolicyDecision(messages, "recalled", decision.detail + "; step evidence injected", inserted)
+        return msgspec.structs.replace(
+            decision, messages=messages, detail=decision.detail + "; step evidence injected", tokens_inserted=inserted
+        )
 
     async def _evidence(self, request: PolicyRequest, context: PamerContext) -> Message | None:
         cfg: PamerPlusConfig = self.config
@@ -188,4 +190,4 @@ class PamerPlus(Pamer):
 
 
 def _note(decision: PolicyDecision, note: str) -> PolicyDecision:
-    return PolicyDecision(decision.messages, decision.action, f"{decision.detail}; {note}", decision.tokens_inserted)
+    return msgspec.structs.replace(decision, detail=f"{decision.detail}; {note}")
