@@ -77,28 +77,35 @@ def policy_options(summary_tokens: int) -> dict[str, dict]:
     }
 
 
-def make_groups(args: argparse.Namespace) -> list[tuple[str, list[TrajectoryPlan]]]:
-    """Named groups of plans: tau and swe groups interleaved (a swe group first,
-    then one every so many tau groups), so every sitting sees both kinds."""
-    by_kind = {}
-    for kind, name, count, steps, size in (
-        ("tau", "tau_airline", args.tau, args.max_steps, args.group_size),
-        ("swe", "mini_swe", args.swe, args.swe_max_steps or args.max_steps, args.swe_group_size or args.group_size),
-    ):
+def load_plans(args: argparse.Namespace) -> tuple[list[TrajectoryPlan], list[TrajectoryPlan]]:
+    """The tau-bench and mini-swe plans chosen by the options (first N, maybe shuffled)."""
+    chosen = []
+    for name, count, steps in (("tau_airline", args.tau, args.max_steps),
+                               ("mini_swe", args.swe, args.swe_max_steps or args.max_steps)):
+        if count < 0:
+            chosen.append([])
+            continue
         loaded = load_trajectories(DATA / f"{name}.jsonl.gz")
-        chosen = loaded if count == 0 else loaded[:count]
+        loaded = loaded if count == 0 else loaded[:count]
         if args.order == "random":
-            chosen = random.Random(args.seed).sample(chosen, len(chosen))
-        plans = plan_replay(chosen, steps) if count >= 0 else []
-        by_kind[kind] = [(f"{kind}-{i // size:03d}", plans[i:i + size]) for i in range(0, len(plans), size)]
-    tau, swe = by_kind["tau"], by_kind["swe"]
-    every = max(1, len(tau) // max(1, len(swe)))
+            loaded = random.Random(args.seed).sample(loaded, len(loaded))
+        chosen.append(plan_replay(loaded, steps))
+    return chosen[0], chosen[1]
+
+
+def make_groups(tau: list[TrajectoryPlan], swe: list[TrajectoryPlan], tau_size: int,
+                swe_size: int) -> list[tuple[str, list[TrajectoryPlan]]]:
+    """Named groups of plans, tau and swe interleaved (a swe group first, then
+    one every so many tau groups), so any prefix of the run holds both kinds."""
+    tau_groups = [(f"tau-{i // tau_size:03d}", tau[i:i + tau_size]) for i in range(0, len(tau), tau_size)]
+    swe_groups = [(f"swe-{i // swe_size:03d}", swe[i:i + swe_size]) for i in range(0, len(swe), swe_size)]
+    every = max(1, len(tau_groups) // max(1, len(swe_groups)))
     groups: list[tuple[str, list[TrajectoryPlan]]] = []
-    for i, group in enumerate(tau):
-        if i % every == 0 and swe:
-            groups.append(swe.pop(0))
+    for i, group in enumerate(tau_groups):
+        if i % every == 0 and swe_groups:
+            groups.append(swe_groups.pop(0))
         groups.append(group)
-    return groups + swe
+    return groups + swe_groups
 
 
 def git_commit() -> str:
@@ -169,6 +176,26 @@ async def run_units(settings: ReplaySettings, groups, policies: list[str], out: 
     return ran
 
 
+def run_command(argv: list[str]) -> str:
+    """The command that (re)produces the run: without the sitting's own flags
+    (``--stop-after-min``, ``--report-only``), ``--out`` relative to the repository."""
+    words, skip = [], False
+    for word in argv:
+        if skip:
+            skip = False
+            continue
+        if word == "--stop-after-min":
+            skip = True
+            continue
+        if word == "--report-only" or word.startswith("--stop-after-min="):
+            continue
+        path = Path(word)
+        if path.is_absolute() and path.is_relative_to(ROOT):
+            word = str(path.relative_to(ROOT))
+        words.append(word)
+    return " ".join([".venv/bin/python", "benchmarks/policies.py", *words])
+
+
 def report(out: Path, groups, policies: list[str], commits: list[str], args: argparse.Namespace) -> None:
     """The report over the groups every policy finished."""
     complete = [(g, plans) for g, plans in groups if all(unit_path(out, g, p).exists() for p in policies)]
@@ -186,7 +213,7 @@ def report(out: Path, groups, policies: list[str], commits: list[str], args: arg
         f"{kinds['tau']} tau-bench and {kinds['swe']} mini-swe trajectories (at most {args.max_steps or 'all'} / "
         f"{args.swe_max_steps or args.max_steps or 'all'} requests each), {args.concurrency} sessions at a time, "
         f"{args.max_tokens} tokens generated per request, summaries / cues / recalls <= {args.summary_tokens} tokens. "
-        f"Code: {', '.join(commits)}. Command: `{' '.join(['.venv/bin/python', 'benchmarks/policies.py', *sys.argv[1:]])}`\n"
+        f"Code: {', '.join(commits)}. Command: `{run_command(sys.argv[1:])}`\n"
     )
     rows = write_report(out, records, runs, records_name=None, title="Policies side by side", preface=preface)
     print(markdown_table(rows))
@@ -223,7 +250,7 @@ def main() -> None:
     policies = [p for p in args.policies.split(",") if p]
     options = policy_options(args.summary_tokens)
     out = Path(args.out)
-    groups = make_groups(args)
+    groups = make_groups(*load_plans(args), args.group_size, args.swe_group_size or args.group_size)
     fixed = {k: getattr(args, k) for k in ("tau", "swe", "max_steps", "swe_max_steps", "order", "seed", "group_size", "swe_group_size",
                                              "concurrency", "max_tokens", "summary_tokens", "serve_args", "policies")}
     commits = check_settings(out, {**fixed, "heads": Path(heads).name}, running=not args.report_only)

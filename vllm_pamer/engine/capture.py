@@ -26,6 +26,7 @@ import torch
 from vllm_pamer.channel import CAPTURE_KEY, SESSION_KEY, CapturePublisher, CaptureRecord
 from vllm_pamer.config import PamerConfig
 from vllm_pamer.core.heads import Heads, ModelFingerprint, load_heads
+from vllm_pamer.engine.batch import scheduled_requests
 from vllm_pamer.engine.layer_taps import LayerTaps, parse_layers
 
 logger = logging.getLogger("vllm_pamer.capture")
@@ -122,23 +123,17 @@ class WorkerCapture:
             )
 
     def _completed_prefill_rows(self, runner: Any, scheduler_output: Any, num_rows: int):
-        batch = runner.input_batch
-        spec_tokens = getattr(scheduler_output, "scheduled_spec_decode_tokens", {}) or {}
-        scheduled = scheduler_output.num_scheduled_tokens
         picks = []
         row = 0
-        for index, req_id in enumerate(batch.req_ids):
-            n_scheduled = scheduled.get(req_id, 0)
-            computed = int(batch.num_computed_tokens_cpu[index])
-            n_prompt = int(batch.num_prompt_tokens[index])
-            if computed < n_prompt <= computed + n_scheduled and req_id not in self.captured:
-                request = runner.requests.get(req_id)
-                params = getattr(request, "sampling_params", None)
+        for request in scheduled_requests(runner, scheduler_output):
+            if request.completes_prompt and request.req_id not in self.captured:
+                state = runner.requests.get(request.req_id)
+                params = getattr(state, "sampling_params", None)
                 extra = (getattr(params, "extra_args", None) or {}) if params else {}
-                picks.append((row, (req_id, extra.get(CAPTURE_KEY), extra.get(SESSION_KEY), n_prompt)))
+                picks.append((row, (request.req_id, extra.get(CAPTURE_KEY), extra.get(SESSION_KEY), request.prompt)))
             # A request owns one row, plus one per draft token under speculative
             # decoding; prompt-completing requests never carry drafts.
-            row += 1 + len(spec_tokens.get(req_id, ()))
+            row += 1 + request.draft_tokens
         if row != num_rows:
             if not self._warned_layout:
                 logger.warning(

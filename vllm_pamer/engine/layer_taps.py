@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from vllm_pamer.engine.batch import scheduled_requests
+
 logger = logging.getLogger("vllm_pamer.layer_taps")
 
 NORM = "norm"
@@ -122,21 +124,15 @@ class LayerTaps:
         first hook call: the runner adds a step's new requests to its input
         batch after ``execute_model`` starts, before the forward pass."""
         runner, scheduler_output = self._step
-        batch = runner.input_batch
-        scheduled = scheduler_output.num_scheduled_tokens
-        spec_tokens = getattr(scheduler_output, "scheduled_spec_decode_tokens", {}) or {}
         segments = []
         row = 0
-        for index, req_id in enumerate(batch.req_ids):
-            n_scheduled = int(scheduled.get(req_id, 0))
-            computed = int(batch.num_computed_tokens_cpu[index])
-            n_prompt = int(batch.num_prompt_tokens[index])
-            if computed == 0:
-                self._pending.pop(req_id, None)  # a fresh prefill (also after preemption)
-            if computed < n_prompt and n_scheduled:
-                n_rows = min(n_scheduled, n_prompt - computed)
-                segments.append((req_id, row, n_rows, computed + n_rows == n_prompt))
-            row += n_scheduled + len(spec_tokens.get(req_id, ()))
+        for request in scheduled_requests(runner, scheduler_output):
+            if request.computed == 0:
+                self._pending.pop(request.req_id, None)  # a fresh prefill (also after preemption)
+            if request.computed < request.prompt and request.scheduled:
+                n_rows = min(request.scheduled, request.prompt - request.computed)
+                segments.append((request.req_id, row, n_rows, request.computed + n_rows == request.prompt))
+            row += request.scheduled + request.draft_tokens
         self._segments = segments
         self._step_tokens = row
 

@@ -1,6 +1,7 @@
 """The one place that touches vLLM's worker internals (v0.32, V1 model runner).
 
-If a vLLM upgrade moves things, this file and ``models.py`` are what change:
+If a vLLM upgrade moves things, this file, ``batch.py`` (the runner's input
+batch) and ``models.py`` are what change:
 * ``install_runner_hook`` brackets ``GPUModelRunner.execute_model`` (the CPU
   runner inherits it) so the capture knows the step's scheduler output;
 * ``capture_rank`` tells whether this worker publishes (one rank of a

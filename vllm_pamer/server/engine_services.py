@@ -78,9 +78,14 @@ class EngineServices:
         metrics.INTERNAL_COMPLETION_TOKENS.labels(kind).inc(generated)
         return text
 
-    async def summarize(self, source: str, max_tokens: int) -> str:
+    def _answer_budget(self, max_tokens: int) -> tuple[int, int]:
+        """(answer tokens, prompt tokens that fit beside them): an internal
+        answer takes at most a quarter of the window."""
         max_tokens = min(max_tokens, self.max_model_len // 4)
-        budget = self.max_model_len - max_tokens - 8
+        return max_tokens, self.max_model_len - max_tokens - 8
+
+    async def summarize(self, source: str, max_tokens: int) -> str:
+        max_tokens, budget = self._answer_budget(max_tokens)
         # enable_thinking: the paper writes summaries with thinking off; templates
         # without the switch ignore it.
         ids = self.chat_ids(summary_prompt(source), enable_thinking=False)
@@ -96,9 +101,9 @@ class EngineServices:
     async def summarize_conversation(self, messages: Sequence[dict], max_tokens: int) -> str | None:
         """A summary request made of chat ``messages`` (rendered as the server
         renders requests); None when they do not fit the window."""
-        max_tokens = min(max_tokens, self.max_model_len // 4)
+        max_tokens, budget = self._answer_budget(max_tokens)
         ids = self.chat_ids(self.render(list(messages)), enable_thinking=False)
-        if len(ids) > self.max_model_len - max_tokens - 8:
+        if len(ids) > budget:
             return None
         return await self._generate(ids, max_tokens, "summary")
 
@@ -106,9 +111,9 @@ class EngineServices:
                        kind: str = "internal") -> str:
         """An internal chat request (greedy, thinking off); ``json_schema``
         constrains the answer with vLLM's structured outputs."""
-        max_tokens = min(max_tokens, self.max_model_len // 4)
+        max_tokens, budget = self._answer_budget(max_tokens)
         ids = self.chat_ids(messages, enable_thinking=False)
-        if len(ids) > self.max_model_len - max_tokens:
+        if len(ids) > budget:
             raise RuntimeError(f"{kind} prompt of {len(ids)} tokens does not fit the window")
         return await self._generate(ids, max_tokens, kind, json_schema)
 

@@ -1,0 +1,76 @@
+"""benchmarks/policies.py's bookkeeping: groups, resumable units, settings
+check and the report over finished groups (no server)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from benchmarks import policies as bench
+from vllm_pamer.replay.client import TrajectoryPlan
+from vllm_pamer.replay.records import RunSummary, StepRecord
+
+
+def plans(kind: str, n: int) -> list[TrajectoryPlan]:
+    return [TrajectoryPlan(f"{kind}{i}", kind, None, []) for i in range(n)]
+
+
+def test_groups_interleave_kinds_so_any_prefix_holds_both():
+    groups = bench.make_groups(plans("tau", 9), plans("swe", 3), 4, 2)
+    assert [name for name, _ in groups] == ["swe-000", "tau-000", "swe-001", "tau-001", "tau-002"]
+    assert [[p.trajectory_id for p in group] for _, group in groups] == [
+        ["swe0", "swe1"], ["tau0", "tau1", "tau2", "tau3"], ["swe2"], ["tau4", "tau5", "tau6", "tau7"], ["tau8"]
+    ]
+    assert [name for name, _ in bench.make_groups([], plans("swe", 3), 4, 2)] == ["swe-000", "swe-001"]
+
+
+def test_run_command_drops_the_sittings_flags():
+    out = str(bench.ROOT / "benchmarks" / "results" / "x")
+    command = bench.run_command(["--tau", "0", "--stop-after-min", "90", "--report-only", "--out", out])
+    assert command == ".venv/bin/python benchmarks/policies.py --tau 0 --out benchmarks/results/x"
+
+
+def test_settings_are_kept_and_a_resume_with_others_is_refused(tmp_path):
+    settings = {"tau": 0, "swe_group_size": None, "policies": "none,pamer"}
+    commits = bench.check_settings(tmp_path, settings)
+    assert commits == [bench.git_commit()]
+    assert json.loads((tmp_path / "settings.json").read_text())["commits"] == commits
+    assert bench.check_settings(tmp_path, settings) == commits  # same commit listed once
+    with pytest.raises(SystemExit, match="swe_group_size"):
+        bench.check_settings(tmp_path, {**settings, "swe_group_size": 2})
+    with pytest.raises(SystemExit, match="extra"):
+        bench.check_settings(tmp_path, {**settings, "extra": None})  # a new option counts as changed
+
+
+def unit(policy: str, group: str, trajectory: str, kind: str) -> bench.Unit:
+    record = StepRecord(policy=policy, trajectory_id=trajectory, kind=kind, session_id=f"{policy}-{trajectory}",
+                        step=0, message_index=2, status="ok", latency_s=1.0, prompt_tokens_out=100,
+                        usage_prompt_tokens=100, usage_completion_tokens=10)
+    run = RunSummary(policy=policy, trajectories=1, requests=1, elapsed_s=6.0, kind=kind, group=group,
+                     metric_deltas={"vllm:prefix_cache_queries_total": 100.0, "vllm:prefix_cache_hits_total": 40.0})
+    return bench.Unit(run, [record])
+
+
+def test_units_round_trip_and_the_report_covers_finished_groups_only(tmp_path, capsys):
+    groups = [("swe-000", plans("swe", 1)), ("tau-000", plans("tau", 1)), ("tau-001", plans("tau", 1))]
+    policy_names = ["none", "pamer"]
+    saved = unit("pamer", "tau-000", "tau0", "tau")
+    bench.save_unit(bench.unit_path(tmp_path, "tau-000", "pamer"), saved)
+    assert bench.load_unit(bench.unit_path(tmp_path, "tau-000", "pamer")) == saved
+    assert not list((tmp_path / "units").glob("*.partial"))
+    for group, trajectory, kind, names in (("swe-000", "swe0", "swe", policy_names), ("tau-000", "tau0", "tau", ["none"]),
+                                           ("tau-001", "tau1", "tau", ["pamer"])):  # tau-001 lacks none
+        for name in names:
+            bench.save_unit(bench.unit_path(tmp_path, group, name), unit(name, group, trajectory, kind))
+    args = argparse.Namespace(max_steps=None, swe_max_steps=30, concurrency=2, max_tokens=32, summary_tokens=96)
+    bench.report(tmp_path, groups, policy_names, ["abc1234"], args)
+    text = (tmp_path / "report.md").read_text()
+    assert "2 of 3 groups finished by all 2 policies: 1 tau-bench and 1 mini-swe trajectories" in text
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [(row["policy"], row["trajectories"], row["prefill_computed"]) for row in summary] == [
+        ("none", 2, 120), ("pamer", 2, 120)
+    ]
+    assert "## tau-bench" in text and "## mini-swe" in text
+    assert not (tmp_path / "records.jsonl").exists()  # the units are the records
