@@ -74,6 +74,8 @@ def policy_options(summary_tokens: int) -> dict[str, dict]:
         "pamer_unstable": {"policy": "pamer", "summary_max_tokens": n, "stable_recall": False},
         # PaMER whose summary request continues the conversation the engine last saw (prefix-cache hits)
         "pamer_conversation": {"policy": "pamer", "summary_max_tokens": n, "summary_layout": "conversation"},
+        # PaMER recalling with the state captured at the previous request (no query embedding request)
+        "pamer_captured": {"policy": "pamer", "summary_max_tokens": n, "query_source": "captured"},
     }
 
 

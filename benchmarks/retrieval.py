@@ -119,6 +119,10 @@ class Case:
     relevant: tuple[int, ...]
     """Ids (positions in the trajectory's memory list) of the memories holding the value."""
     query: str
+    previous_request: list | None = None
+    """The messages PaMER sent at the previous request (P, the un-archived old
+    blocks and R, without the memory message it showed): the prompt whose
+    captured state is the deferred query (``query_source="captured"``)."""
 
 
 @dataclass
@@ -183,6 +187,7 @@ def check_trajectory(trajectory: dict, cfg: CheckConfig = CheckConfig()) -> Traj
     out = TrajectoryCheck(trajectory=str(trajectory.get("id", "?")))
     gt = task_values(trajectory, cfg.min_value_len)
     archived = 0  # old blocks already in memories (always a prefix of the blocks)
+    previous_request = None
     for i, history in agent_requests(messages):
         out.requests += 1
         conversation = split_conversation(history)
@@ -192,10 +197,11 @@ def check_trajectory(trajectory: dict, cfg: CheckConfig = CheckConfig()) -> Traj
         if len(old) - archived >= cfg.group:
             out.memories.append(memory_text(old[archived:], cfg))
             archived = len(old)
+        prefix = list(conversation.prefix)
+        sent_before, previous_request = previous_request, prefix + [m for b in blocks[archived:] for m in b.messages]
         if len(out.memories) < cfg.min_memories:
             continue
         out.evaluated_requests += 1
-        prefix = list(conversation.prefix)
         recent_messages = [m for b in recent for m in b.messages]
         context = serialize_messages(prefix + recent_messages)
         if cfg.exclude_old:
@@ -211,7 +217,9 @@ def check_trajectory(trajectory: dict, cfg: CheckConfig = CheckConfig()) -> Traj
                 continue
             relevant = tuple(k for k, text in enumerate(out.memories) if value in text)
             if relevant:
-                out.cases.append(Case(out.trajectory, i, value, origin, len(out.memories), relevant, query))
+                out.cases.append(
+                    Case(out.trajectory, i, value, origin, len(out.memories), relevant, query, sent_before)
+                )
     return out
 
 
@@ -421,6 +429,28 @@ class _MiniLMRunner:
         pass
 
 
+def captured_query_vectors(runner: ServedStateEmbedder, cases: list[Case]) -> dict[int, np.ndarray]:
+    """Per case (by ``id``): the served state at the end of the previous
+    request's prompt, rendered as the server renders it (chat template with
+    the generation prompt, tool calls as text where the template has no
+    tools): what ``query_source="captured"`` recalls with. Cases without a
+    previous request are absent (the server falls back to the text query)."""
+    from vllm_pamer.core.render import render_tools_as_text, template_supports_tools
+
+    tokenizer = runner.tokenizer
+    as_text = not template_supports_tools(getattr(tokenizer, "chat_template", None))
+    prompts: dict[str, int] = {}
+    of_case: dict[int, int] = {}
+    for case in cases:
+        if case.previous_request is None:
+            continue
+        messages = render_tools_as_text(case.previous_request) if as_text else case.previous_request
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        of_case[id(case)] = prompts.setdefault(text, len(prompts))
+    vectors = runner.embed_batch(list(prompts)) if prompts else np.zeros((0, 1), np.float32)
+    return {key: vectors[row] for key, row in of_case.items()}
+
+
 def make_runner(name: str, args):
     if name == "served":
         return ServedStateEmbedder(args.model, args.max_model_len, args.gpu_memory_utilization)
@@ -473,9 +503,11 @@ def build_report(args, checks: list[TrajectoryCheck], cases: list[Case], methods
             f"{fmt(lo)}-{fmt(hi)} | {fmt(macro)} ({len(np.unique(groups))} traj.) | {fmt(m.hit3[big].mean() if big.any() else math.nan)} (n={int(big.sum())}) | "
             f"{fmt(m.hit1[nxt].mean() if nxt.any() else math.nan)} (n={int(nxt.sum())}) |"
         )
-    embedders = [m for m in methods if m.name in speed]
-    if len(embedders) >= 2:
-        a, b = embedders[0], embedders[1]
+    by_name = {m.name: m for m in methods}
+    for first, second in (("served", "minilm"), ("served", "served-captured")):
+        if first not in by_name or second not in by_name:
+            continue
+        a, b = by_name[first], by_name[second]
         diff = b.rr - a.rr
         lo, hi = bootstrap_ci(diff, groups)
         lines += ["", f"MRR difference {b.name} - {a.name}: {fmt(float(diff.mean()) if len(cases) else math.nan)} "
@@ -545,6 +577,9 @@ def main(argv: list[str] | None = None) -> int:
             t1 = time.perf_counter()
             vectors = runner.embed_batch(text_list) if text_list else np.zeros((0, 1), np.float32)
             seconds = time.perf_counter() - t1
+            if name == "served" and cases:
+                # the deferred query: the state captured at the previous request's prefill
+                captured = captured_query_vectors(runner, cases)
         finally:
             runner.close()
         labels[name] = runner.label
@@ -556,6 +591,16 @@ def main(argv: list[str] | None = None) -> int:
             return rank_memories(vectors[texts[case.query]], mem)
 
         methods.append(score_method(name, cases, order_of))
+        if name == "served" and cases:
+            def order_captured(case: Case, vectors=vectors, captured=captured) -> list[int]:
+                mem = np.stack([vectors[texts[t]] for t in by_traj[case.trajectory].memories[:case.n_memories]])
+                query = captured.get(id(case))
+                return rank_memories(vectors[texts[case.query]] if query is None else query, mem)
+
+            labels["served-captured"] = (f"{runner.label.replace('last token', 'previous request')}, "
+                                         "query = captured state of the previous request's prompt")
+            dims["served-captured"] = dims[name]
+            methods.append(score_method("served-captured", cases, order_captured))
     methods.append(score_method("recency", cases, lambda c: list(range(c.n_memories - 1, -1, -1))))
     methods.append(random_method(cases))
 

@@ -194,6 +194,10 @@ def test_case_extraction_on_a_tiny_trajectory():
     # queries are task + R, as PaMER's recall query
     assert last["RES777"].query.startswith("user: Hi, I am user USR_AAA1")
     assert "FLT900" in last["RES777"].query and "RES777" not in last["RES777"].query
+    # the deferred query's prompt: what PaMER sent at the previous request (message 12):
+    # P and the blocks not archived then (3-4); memory 0 (blocks 0-2) already covered them
+    messages = _tiny_trajectory()["messages"]
+    assert last["RES777"].previous_request == messages[:2] + messages[8:12]
     # with the default >= 2 memories nothing is evaluated on this short trajectory
     assert r.check_trajectory(_tiny_trajectory()).cases == []
 

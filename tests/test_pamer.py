@@ -16,7 +16,7 @@ from vllm_pamer.core.blocks import protocol_issues, split_conversation
 from vllm_pamer.core.memory_store import MemoryStore
 from vllm_pamer.core.pipeline import rewrite_request
 from vllm_pamer.core.policies import HeadVote, create_policy
-from vllm_pamer.core.policies.pamer import MEMORY_HEADER, PamerContext
+from vllm_pamer.core.policies.pamer import MEMORY_HEADER, SERVED_STATE_EMBEDDER, PamerContext
 
 COMPRESS = HeadVote((5.0,) * 5, 5, True)
 KEEP = HeadVote((-5.0,) * 5, 0, False)
@@ -350,3 +350,67 @@ def test_conversation_layout_falls_back_to_text(store):
     assert services.conversations == [] and services.summaries == 1
     with pytest.raises(ValueError, match="summary_layout"):
         create_policy("pamer", {"summary_layout": "chat"})
+
+
+class StateServices(Services):
+    """Memories embedded as the served model's state (the captured query's space)."""
+
+    embedder_name = SERVED_STATE_EMBEDDER
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.embedded: list[str] = []
+
+    async def embed(self, text):
+        self.embedded.append(text)
+        return await super().embed(text)
+
+
+def test_captured_query_recalls_without_an_embedding_request(store):
+    """``query_source="captured"``: the state captured at the previous request
+    is the query; no internal embedding request runs for it, and the memory
+    closest to that state comes back."""
+    services = StateServices()
+    run(conversation(8), store, services, COMPRESS)
+    run(conversation(14), store, services, COMPRESS)  # a second memory
+    memories = store.load("s1").memories
+    assert len(memories) == 2
+    services.embedded.clear()
+    later = conversation(16)
+    for target in memories:
+        state = np.asarray(target.embedding, dtype=np.float32)
+        outcome = asyncio.run(rewrite_request(
+            later, "s1", create_policy("pamer", {"query_source": "captured", "top_k": 1, "stable_recall": False}),
+            KEEP, PamerContext(store, services), previous_state=state,
+        ))
+        assert outcome.action == "recalled" and outcome.recalled == (target.id,)
+        assert "state captured at the previous request" in outcome.detail
+    assert services.embedded == []  # no query embedding was computed
+
+
+@pytest.mark.parametrize("case", ["no state", "other embedder", "other width"])
+def test_captured_query_falls_back_to_the_text_query(store, case):
+    services = StateServices()
+    run(conversation(8), store, services, COMPRESS)
+    services.embedded.clear()
+    state = np.ones(64, dtype=np.float32)
+    if case == "no state":
+        state = None
+    elif case == "other embedder":
+        services.embedder_name = "bag-of-words"  # memories were embedded as the served state
+    else:
+        state = np.ones(32, dtype=np.float32)
+    policy = create_policy("pamer", {"query_source": "captured"})
+    outcome = asyncio.run(rewrite_request(
+        conversation(10), "s1", policy, KEEP, PamerContext(store, services), previous_state=state
+    ))
+    if case == "other embedder":  # nothing searchable under another embedder: no recall at all
+        assert outcome.action in ("recalled", "none") and "captured" not in outcome.detail
+    else:
+        assert outcome.action == "recalled" and "captured" not in outcome.detail
+        assert len(services.embedded) == 1  # the text query, as without the option
+
+
+def test_query_source_is_checked():
+    with pytest.raises(ValueError, match="query_source"):
+        create_policy("pamer", {"query_source": "state"})

@@ -35,7 +35,9 @@ OPTIONS_BY_POLICY = {
     "rolling_summary": {"trigger_tokens": 1024, "summary_max_tokens": 48},
     "sam": {"trigger_tokens": 2500, "page_tokens": 1500, "cue_max_tokens": 48, "recall_max_tokens": 48},
     "sliding_window": {"k": 4},
-    "pamer_conversation": {"policy": "pamer", "summary_layout": "conversation", "summary_max_tokens": 48},
+    # PaMER's two prefix-cache options: summaries as the conversation, the deferred captured query
+    "pamer_cache_aware": {"policy": "pamer", "summary_layout": "conversation", "query_source": "captured",
+                          "summary_max_tokens": 48},
 }
 
 

@@ -43,6 +43,7 @@ async def rewrite_request(
     policy: MemoryPolicy,
     previous_vote: HeadVote | None = None,
     memory: Any = None,
+    previous_state: Any = None,
 ) -> RewriteOutcome:
     if not session_id:
         return _fallback(messages, "missing_session_id")
@@ -50,7 +51,7 @@ async def rewrite_request(
     if issues:
         first = issues[0]
         return _fallback(messages, "unsafe_tool_protocol", f"{first.rule} at message {first.index}: {first.detail}")
-    request = PolicyRequest(session_id, split_conversation(messages), previous_vote, memory)
+    request = PolicyRequest(session_id, split_conversation(messages), previous_vote, memory, previous_state)
     try:
         decision: PolicyDecision = await policy.rewrite(request)
     except Exception as exc:  # a failed memory operation never removes history

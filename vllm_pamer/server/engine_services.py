@@ -22,13 +22,13 @@ from vllm import SamplingParams
 from vllm.sampling_params import StructuredOutputsParams
 
 from vllm_pamer.channel import CAPTURE_KEY, SESSION_KEY, CaptureInbox
-from vllm_pamer.core.policies.pamer import cap_head_and_tail, summary_prompt
+from vllm_pamer.core.policies.pamer import SERVED_STATE_EMBEDDER, cap_head_and_tail, summary_prompt
 from vllm_pamer.engine.memory_index import MemoryIndex
 from vllm_pamer.server import metrics
 
 
 class EngineServices:
-    embedder_name = "served-model-state"
+    embedder_name = SERVED_STATE_EMBEDDER
 
     def __init__(self, engine_client: Any, tokenizer: Any, inbox: CaptureInbox, max_model_len: int,
                  capture_wait_s: float = 10.0, embedder: Any = None, render: Any = None) -> None:

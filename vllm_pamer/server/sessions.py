@@ -37,6 +37,10 @@ class SessionState(msgspec.Struct):
             else None
         )
 
+    def state(self) -> np.ndarray | None:
+        """The last captured state as a float32 vector (None: none captured)."""
+        return None if self.last_state is None else np.frombuffer(self.last_state, dtype="<f4")
+
     def summary(self) -> dict:
         return {
             "session_id": self.session_id,
@@ -45,9 +49,7 @@ class SessionState(msgspec.Struct):
             "last_action": self.last_action,
             "last_prompt_tokens": self.last_prompt_tokens,
             "last_vote": None if self.last_vote is None else msgspec.to_builtins(self.last_vote),
-            "last_state_norm": None
-            if self.last_state is None
-            else float(np.linalg.norm(np.frombuffer(self.last_state, dtype="<f4"))),
+            "last_state_norm": None if self.last_state is None else float(np.linalg.norm(self.state())),
         }
 
 

@@ -33,6 +33,9 @@ class PolicyRequest(msgspec.Struct, frozen=True):
     """Vote captured at this session's previous request (the pre-action state)."""
     memory: Any = None
     """Memory store and engine services, for policies that keep memories."""
+    previous_state: Any = None
+    """The served model's final-norm state captured at this session's previous
+    request (float32 vector; None when none was captured)."""
 
 
 class PolicyDecision(msgspec.Struct, frozen=True):
@@ -42,13 +45,13 @@ class PolicyDecision(msgspec.Struct, frozen=True):
     detail: str = ""
     tokens_inserted: int = 0
     """Tokens of text the policy added (recalled memories), for metrics."""
-    recalled: tuple[int, ...] | None = None
-    """Ids of the memories shown, in the order shown (None: no recall), so
-    clients can see how stable recall is between requests."""
     extra_tools: tuple[dict, ...] = ()
     """Tools the server adds to the request and resolves itself through
     ``MemoryPolicy.resolve_tool_call`` (SAM's ``memory`` tool); the client
     never sees their calls."""
+    recalled: tuple[int, ...] | None = None
+    """Ids of the memories shown, in the order shown (None: no recall), so
+    clients can see how stable recall is between requests."""
 
 
 class PolicyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -41,6 +41,8 @@ logger = logging.getLogger("vllm_pamer.pamer")
 T = TypeVar("T")
 
 MEMORY_HEADER = "Memory of earlier steps (summaries written when those steps were archived):"
+SERVED_STATE_EMBEDDER = "served-model-state"
+"""Embedder name of memories embedded by the served model's own final-norm state."""
 
 
 class MemoryServices(Protocol):
@@ -96,6 +98,12 @@ class PamerConfig(SummaryConfig, frozen=True):
     embed_attempts: int = 8
     query_chars: int = 30_000
     """Recall query: task + R, limited to its final characters."""
+    query_source: str = "text"
+    """``text``: the paper's recall query, task + R embedded by an internal
+    request. ``captured`` (SPEC's deferred retrieval; beyond the paper): the
+    state the engine captured at the end of the session's previous prompt,
+    which costs no request; falls back to ``text`` when no state was captured
+    or memories come from another embedder than the served model's state."""
     stable_recall: bool = True
     """Keep the memories recalled at the session's previous request unless a
     new one beats the weakest of them by ``recall_margin`` (cosine): the
@@ -107,6 +115,11 @@ class PamerConfig(SummaryConfig, frozen=True):
     start summarizing the blocks that will be old at request t+1 while the agent
     runs its tools; request t+1 commits that summary if it covers its old
     blocks. Off: the paper's synchronous mode (summary written inside t+1)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.query_source not in ("text", "captured"):
+            raise ValueError(f"query_source must be 'text' or 'captured', not {self.query_source!r}")
 
 
 def serialize_messages(messages: Sequence[Message]) -> str:
@@ -403,10 +416,14 @@ class Pamer(MemoryPolicy):
         # 5. recall
         if loaded.memories:
             try:
-                query_text = serialize_messages(prefix[-1:] + recent_messages)[-cfg.query_chars:]
-                query = await with_retries(
-                    lambda: services.embed(query_text), cfg.embed_timeout_s, cfg.embed_attempts, "query embedding"
-                )
+                query = self._captured_query(request, services, loaded.memories)
+                if query is None:
+                    query_text = serialize_messages(prefix[-1:] + recent_messages)[-cfg.query_chars:]
+                    query = await with_retries(
+                        lambda: services.embed(query_text), cfg.embed_timeout_s, cfg.embed_attempts, "query embedding"
+                    )
+                else:
+                    notes.append("query: state captured at the previous request")
                 # Embeddings of another embedder are not comparable: those
                 # memories still cover their blocks but are not searched.
                 searchable = [m for m in loaded.memories if m.embedder == services.embedder_name]
@@ -432,6 +449,18 @@ class Pamer(MemoryPolicy):
             )
         # Without memories no block is covered, so C_eff is the request itself.
         return PolicyDecision(original, "none", "; ".join(notes))
+
+    def _captured_query(self, request: PolicyRequest, services, memories: list[Memory]) -> np.ndarray | None:
+        """The deferred query (``query_source="captured"``) when it can stand in
+        for the text query: a state was captured and it lives in the space the
+        memories were embedded in (the served model's, same width)."""
+        state = request.previous_state
+        if self.config.query_source != "captured" or state is None:
+            return None
+        if services.embedder_name != SERVED_STATE_EMBEDDER:
+            return None
+        widths = {len(m.embedding) for m in memories if m.embedder == SERVED_STATE_EMBEDDER}
+        return np.asarray(state, dtype=np.float32) if widths == {len(state)} else None
 
     def _stabilize(self, session: str, query: np.ndarray, searchable: list[Memory], fresh: list[Memory]) -> list[Memory]:
         by_id = {m.id: m for m in searchable}

@@ -177,7 +177,7 @@ class Sam(MemoryPolicy):
         messages = prefix + [cues] + [m for b in live for m in b.messages]
         notes.append(f"{len(pages)} pages in memory")
         tools = (memory_tool(cfg.max_pages_per_call),)
-        return PolicyDecision(messages, action, "; ".join(notes), services.count_tokens([cues]), tools)
+        return PolicyDecision(messages, action, "; ".join(notes), services.count_tokens([cues]), extra_tools=tools)
 
     async def resolve_tool_call(self, session_id: str, name: str, arguments: str, memory: PamerContext) -> str:
         cfg: SamConfig = self.config
