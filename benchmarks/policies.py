@@ -52,7 +52,7 @@ from vllm_pamer.trajectories import load_trajectories  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "trajectories"
 POLICIES = ("none,sliding_window,recent_k,discard_tool,periodic_summary,rolling_summary,"
-            "pamer,pamer_unstable,pamer_conversation,pamer_plus,sam")
+            "pamer,pamer_text_query,pamer_unstable,pamer_conversation,pamer_plus,sam")
 
 
 class Unit(msgspec.Struct):
@@ -74,8 +74,8 @@ def policy_options(summary_tokens: int) -> dict[str, dict]:
         "pamer_unstable": {"policy": "pamer", "summary_max_tokens": n, "stable_recall": False},
         # PaMER whose summary request continues the conversation the engine last saw (prefix-cache hits)
         "pamer_conversation": {"policy": "pamer", "summary_max_tokens": n, "summary_layout": "conversation"},
-        # PaMER recalling with the state captured at the previous request (no query embedding request)
-        "pamer_captured": {"policy": "pamer", "summary_max_tokens": n, "query_source": "captured"},
+        # PaMER with the paper's recall query (task + R embedded by a request) instead of the captured state
+        "pamer_text_query": {"policy": "pamer", "summary_max_tokens": n, "query_source": "text"},
     }
 
 

@@ -414,3 +414,17 @@ def test_captured_query_falls_back_to_the_text_query(store, case):
 def test_query_source_is_checked():
     with pytest.raises(ValueError, match="query_source"):
         create_policy("pamer", {"query_source": "state"})
+
+
+def test_text_query_source_embeds_task_and_recent_even_with_a_state(store):
+    """The paper's query (``query_source="text"``); the default is the captured state."""
+    assert create_policy("pamer").config.query_source == "captured"
+    services = StateServices()
+    run(conversation(8), store, services, COMPRESS)
+    services.embedded.clear()
+    outcome = asyncio.run(rewrite_request(
+        conversation(10), "s1", create_policy("pamer", {"query_source": "text"}), KEEP, PamerContext(store, services),
+        previous_state=np.ones(64, dtype=np.float32),
+    ))
+    assert outcome.action == "recalled" and "captured" not in outcome.detail
+    assert len(services.embedded) == 1 and services.embedded[0].startswith("user: Task: fix ID-task")

@@ -30,14 +30,13 @@ TRAJECTORY = "airline-task2-trial1"  # 62 messages, 27 tool results, beyond the 
 # Short internal answers keep a CPU replay fast; everything else is each policy's default.
 PAMER_OPTIONS = {"summary_max_tokens": 48}
 OPTIONS_BY_POLICY = {
-    "pamer_plus": {"summary_max_tokens": 48, "selector_max_tokens": 64, "recall_max_tokens": 48},
+    # the paper's text query (PaMER's default recalls with the captured state)
+    "pamer_plus": {"summary_max_tokens": 48, "selector_max_tokens": 64, "recall_max_tokens": 48, "query_source": "text"},
     "periodic_summary": {"n": 4, "summary_max_tokens": 48},
     "rolling_summary": {"trigger_tokens": 1024, "summary_max_tokens": 48},
     "sam": {"trigger_tokens": 2500, "page_tokens": 1500, "cue_max_tokens": 48, "recall_max_tokens": 48},
     "sliding_window": {"k": 4},
-    # PaMER's two prefix-cache options: summaries as the conversation, the deferred captured query
-    "pamer_cache_aware": {"policy": "pamer", "summary_layout": "conversation", "query_source": "captured",
-                          "summary_max_tokens": 48},
+    "pamer_conversation": {"policy": "pamer", "summary_layout": "conversation", "summary_max_tokens": 48},
 }
 
 

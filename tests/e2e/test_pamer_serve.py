@@ -60,6 +60,8 @@ def test_compression_then_recall_on_a_real_trajectory(pamer_run):
             assert sent[:2] == history[:2]
             assert sent[2]["content"].startswith(MEMORY_HEADER)  # right after the prefix
             assert MEMORY_HEADER not in json.dumps(sent[3:])
+            # recalled with the state captured at the previous request (no query embedding)
+            assert "query: state captured at the previous request" in report["detail"], report
     # once memory exists, prompts stay well below the raw history
     last_in, last_out = steps[-1][1]["prompt_tokens_in"], steps[-1][1]["prompt_tokens_out"]
     assert last_out < 0.8 * last_in
