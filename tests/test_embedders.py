@@ -212,3 +212,36 @@ def test_ranking_and_random_baseline():
     assert (hit1, hit3) == pytest.approx((0.2, 0.6))
     assert mrr == pytest.approx(sum(1 / j for j in range(1, 6)) / 5)
     assert r.random_expectations(n=3, r=1)[1] == pytest.approx(1.0)
+
+
+def test_captured_query_prompts_are_rendered_as_the_server_sends_them():
+    """The deferred query of the retrieval check: one embedding per distinct
+    previous request, rendered with the template (tool calls as text when the
+    template has no tools); cases without a previous request are left out."""
+    r = _retrieval()
+    check = r.check_trajectory(_tiny_trajectory(), r.CheckConfig(group=3, retained=2, min_memories=1))
+    cases = check.cases + [r.Case("x", 0, "v", "task", 1, (0,), "q", None)]
+
+    class Tokenizer:
+        chat_template = "{{ messages }}"  # no tool support
+
+        def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+            assert tokenize is False and add_generation_prompt is True
+            return "|".join(str(m.get("content")) for m in messages)
+
+    class Runner:
+        tokenizer = Tokenizer()
+        texts: list[str] = []
+
+        def embed_batch(self, texts):
+            self.texts = list(texts)
+            return np.eye(len(texts), dtype=np.float32)
+
+    runner = Runner()
+    vectors = r.captured_query_vectors(runner, cases)
+    assert id(cases[-1]) not in vectors and len(vectors) == len(cases) - 1
+    assert len(runner.texts) == len({tuple(map(str, c.previous_request)) for c in cases[:-1]})
+    last = next(c for c in cases if c.message_index == 14)
+    text = runner.texts[int(np.argmax(vectors[id(last)]))]
+    assert text.startswith("You are an airline agent.|Hi, I am user USR_AAA1")
+    assert "<tool_call>" in text and "search_flights" in text  # calls written out as the server renders them
