@@ -94,6 +94,8 @@ def test_markdown_table_and_files(tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text())[1]["agree_tool"] == pytest.approx(2 / 3)
     assert (tmp_path / "context_per_turn.png").read_bytes()[:4] == b"\x89PNG"
     assert "context_per_turn.png" in (tmp_path / "report.md").read_text()
+    assert (tmp_path / "cost_vs_evidence.png").read_bytes()[:4] == b"\x89PNG"
+    assert "cost_vs_evidence.png" in (tmp_path / "report.md").read_text()
 
 
 def test_runs_of_one_policy_merge_and_kinds_get_their_own_tables(tmp_path):
@@ -120,6 +122,7 @@ def test_runs_of_one_policy_merge_and_kinds_get_their_own_tables(tmp_path):
     tau_table = report.split("## tau-bench")[1].split("##")[0]
     assert "| none | 1 | 2 | 0 |" in tau_table and "| 300 |" in tau_table  # tau-0's counters alone
     assert (tmp_path / "context_per_turn_swe.png").read_bytes()[:4] == b"\x89PNG"
+    assert "cost_vs_evidence_tau.png" in report and not (tmp_path / "cost_vs_evidence.png").exists()
 
 
 def test_cache_hits_and_recall_changes():

@@ -251,6 +251,36 @@ def plot_context_per_turn(records: Sequence[StepRecord], path: str | Path, label
     return True
 
 
+def plot_cost_vs_evidence(rows: Sequence[PolicyRow], path: str | Path, label: str = "") -> bool:
+    """One point per policy: prefill the engine computed (x) against the
+    evidence the next action needs that is still readable (y), the trade-off a
+    token count alone hides. False (nothing written) without the figures."""
+    points = [(r.policy, r.prefill_computed, r.evidence_availability) for r in rows
+              if r.prefill_computed is not None and r.evidence_availability is not None]
+    if not points:
+        return False
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for policy, cost, evidence in points:
+        axes.scatter(cost, 100 * evidence, s=30)
+        axes.annotate(policy, (cost, 100 * evidence), textcoords="offset points", xytext=(4, 3), fontsize=8)
+    axes.margins(x=0.15, y=0.1)  # room for the labels
+    axes.set_xlabel("prefill tokens computed (prompt tokens not served from the prefix cache)")
+    axes.set_ylabel("evidence availability (%)")
+    axes.set_title("Cost and evidence per policy" + (f" ({label})" if label else ""))
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return True
+
+
 NOTES = """\
 Tokens / trajectory: input + output of every request plus the plugin's internal
 requests (eq. 45). Mean peak context: largest prompt sent per trajectory,
@@ -276,7 +306,7 @@ def write_report(
 ) -> list[PolicyRow]:
     """``records_name`` (``.gz``: compressed) and runs.json (unless
     ``records_name`` is None: the caller keeps them), summary.json, report.md
-    and the context plot(s) in ``out_dir``. With trajectories of both kinds in
+    and the plots (context per turn, cost against evidence) in ``out_dir``. With trajectories of both kinds in
     single-kind runs, the report adds a table and a plot per kind (their
     counters cannot be split otherwise)."""
     out = Path(out_dir)
@@ -293,10 +323,16 @@ def write_report(
             kind_runs = [run for run in runs if run.kind == kind]
             kind_records = [r for r in records if r.kind == kind]
             name = KIND_TITLES.get(kind, kind)
-            parts.append(f"\n## {name}\n\n{markdown_table(summarize(kind_records, kind_runs))}\n")
+            kind_rows = summarize(kind_records, kind_runs)
+            parts.append(f"\n## {name}\n\n{markdown_table(kind_rows)}\n")
             if plot_context_per_turn(kind_records, out / f"context_per_turn_{kind}.png", name):
                 parts.append(f"\n![context size per turn, {name}](context_per_turn_{kind}.png)\n")
-    elif plot_context_per_turn(records, out / "context_per_turn.png"):
-        parts.append("\n![context size per turn](context_per_turn.png)\n")
+            if plot_cost_vs_evidence(kind_rows, out / f"cost_vs_evidence_{kind}.png", name):
+                parts.append(f"\n![cost and evidence, {name}](cost_vs_evidence_{kind}.png)\n")
+    else:
+        if plot_context_per_turn(records, out / "context_per_turn.png"):
+            parts.append("\n![context size per turn](context_per_turn.png)\n")
+        if plot_cost_vs_evidence(rows, out / "cost_vs_evidence.png"):
+            parts.append("\n![cost and evidence](cost_vs_evidence.png)\n")
     (out / "report.md").write_text("\n".join(part for part in parts if part))
     return rows
