@@ -8,8 +8,10 @@ Per request of a session:
    session's previous prefill says compress: summarize O, embed the summary,
    store (summary, embedding, covered blocks, step details), and only then
    send P + R - the transaction; any failure sends the original request;
-5. otherwise, with memories: embed a query (task + R, last ``query_chars``
-   characters), take the Top-K memories by cosine and send P + E + O + R with
+5. otherwise, with memories: the query is the state captured at the end of
+   the session's previous prompt (``query_source="captured"``, the default;
+   the paper embeds task + R, last ``query_chars`` characters, which is the
+   fallback), take the Top-K memories by cosine and send P + E + O + R with
    their summaries E in stable (memory id) order.
 
 Engine work (summaries, embeddings, token counts) comes through
