@@ -125,6 +125,14 @@ def test_runs_of_one_policy_merge_and_kinds_get_their_own_tables(tmp_path):
     assert "cost_vs_evidence_tau.png" in report and not (tmp_path / "cost_vs_evidence.png").exists()
 
 
+def test_a_request_beyond_the_window_keeps_no_evidence():
+    records = [rec("none", "A", 0, 100, needed=4, available=4, chars=(100, 100)),
+               msgspec.structs.replace(rec("none", "A", 1, 9000, status="beyond_window"), needed=4)]
+    (row,) = summarize(records, [RunSummary(policy="none", trajectories=1, requests=2, elapsed_s=6.0)])
+    assert row.evidence_availability == pytest.approx(4 / 8)
+    assert row.chars_share == pytest.approx(1.0)  # of the answered request
+
+
 def test_cache_hits_and_recall_changes():
     def step(i, recalled, cached):
         return msgspec.structs.replace(

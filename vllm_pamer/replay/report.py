@@ -14,7 +14,9 @@ From the per-request records and each run's counter deltas, per policy:
 * **steps/min**: requests answered per minute of the run;
 * **evidence availability** and **chars share**: pooled over requests
   (needed values kept / needed values; characters sent / characters of the
-  full histories), the same pooling as ``evidence.recency_frontier``;
+  full histories), the same pooling as ``evidence.recency_frontier``; a
+  request refused as longer than the window keeps none of its needed values
+  (the model reads nothing), while chars share covers answered requests;
 * **next-action agreement with ``none``** (when it ran): on the steps both
   answered, the share where the model called the same tool (or both answered
   in text), and the mean Jaccard overlap of the two actions' salient values;
@@ -148,7 +150,11 @@ def policy_row(records: Sequence[StepRecord], run: RunSummary, baseline: Sequenc
     row.steps_per_min = _ratio(len(ok), run.elapsed_s / 60.0)
 
     echoed = [r for r in ok if r.available is not None]
-    row.evidence_availability = _ratio(sum(r.available or 0 for r in echoed), sum(r.needed for r in echoed))
+    # a request refused as longer than the window shows the model nothing
+    refused = [r for r in records if r.status == "beyond_window"]
+    row.evidence_availability = _ratio(
+        sum(r.available or 0 for r in echoed), sum(r.needed for r in echoed) + sum(r.needed for r in refused)
+    )
     shared = [r for r in ok if r.chars_sent is not None]
     row.chars_share = _ratio(sum(r.chars_sent or 0 for r in shared), sum(r.chars_original for r in shared))
 
@@ -285,7 +291,7 @@ NOTES = """\
 Tokens / trajectory: input + output of every request plus the plugin's internal
 requests (eq. 45). Mean peak context: largest prompt sent per trajectory,
 averaged (eq. 46). Evidence availability and chars share are pooled over
-requests. Agreement: on the steps `none` also answered. Policies run one after
+requests; a request refused as beyond the window keeps no evidence. Agreement: on the steps `none` also answered. Policies run one after
 another on one server: unless the prefix cache is emptied before each
 (`--reset-prefix-cache`, as benchmarks/policies.py does), a later run may reuse
 prefix-cache blocks of an earlier one (prefill computed).
