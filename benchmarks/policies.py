@@ -31,6 +31,7 @@ import gzip
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -126,6 +127,7 @@ def check_settings(out: Path, settings: dict, running: bool = True) -> list[str]
     if path.exists():
         saved = json.loads(path.read_text())
         commits = saved.pop("commits", [])
+        saved.pop("kv_cache_tokens", None)  # what the server reported, not an option
         if saved != settings:
             changed = sorted(k for k in {*saved, *settings} if saved.get(k, "(unset)") != settings.get(k, "(unset)"))
             sys.exit(f"{out} holds a run with other settings ({', '.join(changed)}): "
@@ -137,6 +139,23 @@ def check_settings(out: Path, settings: dict, running: bool = True) -> list[str]
     out.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({**settings, "commits": commits}, indent=2) + "\n")
     return commits
+
+
+KV_TOKENS_RE = re.compile(r"KV cache size: ([\d,]+) tokens")
+
+
+def note_kv_budget(out: Path, log_text: str) -> int | None:
+    """The KV-cache budget the server reported (tokens), kept in settings.json
+    (every sitting runs the same server options, so the same budget)."""
+    match = KV_TOKENS_RE.search(log_text)
+    if match is None:
+        return None
+    tokens = int(match.group(1).replace(",", ""))
+    path = out / "settings.json"
+    settings = json.loads(path.read_text())
+    settings["kv_cache_tokens"] = tokens
+    path.write_text(json.dumps(settings, indent=2) + "\n")
+    return tokens
 
 
 def unit_path(out: Path, group: str, policy: str) -> Path:
@@ -198,6 +217,12 @@ def run_command(argv: list[str]) -> str:
     return " ".join([".venv/bin/python", "benchmarks/policies.py", *words])
 
 
+def kv_budget(out: Path) -> str:
+    path = out / "settings.json"
+    tokens = json.loads(path.read_text()).get("kv_cache_tokens") if path.exists() else None
+    return f"{tokens:,}" if tokens else "unreported"
+
+
 def report(out: Path, groups, policies: list[str], commits: list[str], args: argparse.Namespace) -> None:
     """The report over the groups every policy finished."""
     complete = [(g, plans) for g, plans in groups if all(unit_path(out, g, p).exists() for p in policies)]
@@ -214,8 +239,8 @@ def report(out: Path, groups, policies: list[str], commits: list[str], args: arg
         f"{len(complete)} of {len(groups)} groups finished by all {len(policies)} policies: "
         f"{kinds['tau']} tau-bench and {kinds['swe']} mini-swe trajectories (at most {args.max_steps or 'all'} / "
         f"{args.swe_max_steps or args.max_steps or 'all'} requests each), {args.concurrency} sessions at a time, "
-        f"{args.max_tokens} tokens generated per request, summaries / cues / recalls <= {args.summary_tokens} tokens. "
-        f"Code: {', '.join(commits)}. Command: `{run_command(sys.argv[1:])}`\n"
+        f"{args.max_tokens} tokens generated per request, summaries / cues / recalls <= {args.summary_tokens} tokens, "
+        f"KV cache of {kv_budget(out)} tokens. Code: {', '.join(commits)}. Command: `{run_command(sys.argv[1:])}`\n"
     )
     rows = write_report(out, records, runs, records_name=None, title="Policies side by side", preface=preface)
     print(markdown_table(rows))
@@ -270,6 +295,7 @@ def main() -> None:
         server = ServerProcess(serve, free_port(), log, env=env)
         try:
             server.wait_ready(timeout=900)
+            note_kv_budget(out, Path(log).read_text(errors="replace"))
             settings = ReplaySettings(url=server.base_url, max_tokens=args.max_tokens, concurrency=args.concurrency,
                                       reset_prefix_cache=True)
             stop = args.stop_after_min * 60 if args.stop_after_min is not None else None
