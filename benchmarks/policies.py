@@ -56,6 +56,11 @@ POLICIES = ("none,sliding_window,recent_k,discard_tool,periodic_summary,rolling_
             "pamer,pamer_text_query,pamer_unstable,pamer_conversation,pamer_plus,sam")
 
 
+RUN_OPTIONS = ("tau", "swe", "max_steps", "swe_max_steps", "order", "seed", "group_size", "swe_group_size",
+               "concurrency", "max_tokens", "summary_tokens", "serve_args", "policies", "kv_cache_gib")
+"""What a resumed run must repeat (settings.json)."""
+
+
 class Unit(msgspec.Struct):
     """One policy's run over one group: what ``OUT/units/<group>--<policy>.json.gz`` holds."""
 
@@ -128,8 +133,9 @@ def check_settings(out: Path, settings: dict, running: bool = True) -> list[str]
         saved = json.loads(path.read_text())
         commits = saved.pop("commits", [])
         saved.pop("kv_cache_tokens", None)  # what the server reported, not an option
-        if saved != settings:
-            changed = sorted(k for k in {*saved, *settings} if saved.get(k, "(unset)") != settings.get(k, "(unset)"))
+        # an option added since the run began reads as unset (None) in it
+        if any(saved.get(k) != settings.get(k) for k in {*saved, *settings}):
+            changed = sorted(k for k in {*saved, *settings} if saved.get(k) != settings.get(k))
             sys.exit(f"{out} holds a run with other settings ({', '.join(changed)}): "
                      "pass the same options to resume it, or another --out")
     else:
@@ -264,6 +270,10 @@ def main() -> None:
     parser.add_argument("--summary-tokens", type=int, default=96, help="summary / cue / recall length")
     parser.add_argument("--heads", default=None)
     parser.add_argument("--serve-args", default="--enforce-eager --enable-prompt-tokens-details")
+    parser.add_argument("--kv-cache-gib", type=int, default=None,
+                        help="CPU: the KV-cache budget in GiB (VLLM_CPU_KVCACHE_SPACE); on a GPU pass "
+                             "--kv-cache-memory-bytes in --serve-args. Small budgets and more --concurrency "
+                             "show what shorter contexts buy when KV memory is what limits the server")
     parser.add_argument("--stop-after-min", type=float, default=None,
                         help="start no new (group, policy) run after this many minutes; run again to resume")
     parser.add_argument("--report-only", action="store_true", help="write the report from the saved units and exit")
@@ -278,8 +288,7 @@ def main() -> None:
     options = policy_options(args.summary_tokens)
     out = Path(args.out)
     groups = make_groups(*load_plans(args), args.group_size, args.swe_group_size or args.group_size)
-    fixed = {k: getattr(args, k) for k in ("tau", "swe", "max_steps", "swe_max_steps", "order", "seed", "group_size", "swe_group_size",
-                                             "concurrency", "max_tokens", "summary_tokens", "serve_args", "policies")}
+    fixed = {k: getattr(args, k) for k in RUN_OPTIONS}
     commits = check_settings(out, {**fixed, "heads": Path(heads).name}, running=not args.report_only)
     if not args.report_only:
         log = Path(tempfile.mkdtemp(prefix="policies-")) / "server.log"
@@ -292,6 +301,8 @@ def main() -> None:
         # on 2 cores, letting it use both ran this replay 1.3x faster (measured)
         if "VLLM_CPU_NUM_OF_RESERVED_CPU" not in os.environ:
             env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+        if args.kv_cache_gib is not None:
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(args.kv_cache_gib)
         server = ServerProcess(serve, free_port(), log, env=env)
         try:
             server.wait_ready(timeout=900)
