@@ -157,6 +157,7 @@ def main(argv: list[str] | None = None) -> None:
                 f"{'yes' if p['captured'] else 'no':>4}  {_fmt_logits(p['head_logits']):<37} "
                 f"{p['votes'] if p['votes'] is not None else '-':>5} "
                 f"{str(p['compress_vote']) if p['compress_vote'] is not None else '-':>5}  {p['action']}"
+                + (f" memories {p['recalled']}" if p.get("recalled") else "")
             )
             total_in += p["prompt_tokens_in"] or 0
             total_out += p["prompt_tokens_out"] or 0
