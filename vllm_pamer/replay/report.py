@@ -230,6 +230,14 @@ def context_per_turn(records: Sequence[StepRecord]) -> dict[str, dict[int, float
     return {p: {s: mean(v) for s, v in sorted(steps.items())} for p, steps in sums.items()}
 
 
+def _styles(n: int) -> list[dict]:
+    """Distinct colours for up to 20 series (matplotlib's default cycle repeats after 10)."""
+    import matplotlib
+
+    colours = matplotlib.colormaps["tab10" if n <= 10 else "tab20"].colors
+    return [{"color": colours[i % len(colours)]} for i in range(n)]
+
+
 def plot_context_per_turn(records: Sequence[StepRecord], path: str | Path, label: str = "") -> bool:
     """The paper's Figure 3 for this replay: mean context per turn, one line per
     policy. False (nothing written) without matplotlib or data."""
@@ -243,14 +251,14 @@ def plot_context_per_turn(records: Sequence[StepRecord], path: str | Path, label
         return False
     if not curves:
         return False
-    figure, axes = plt.subplots(figsize=(7, 4))
-    for policy, points in curves.items():
-        axes.plot(list(points), list(points.values()), label=policy, linewidth=1.5)
+    figure, axes = plt.subplots(figsize=(8.5, 4))
+    for (policy, points), style in zip(curves.items(), _styles(len(curves))):
+        axes.plot(list(points), list(points.values()), label=policy, linewidth=1.5, **style)
     axes.set_xlabel("turn (decision point)")
     axes.set_ylabel("mean prompt tokens sent")
     axes.set_title("Context size per turn" + (f" ({label})" if label else ""))
     axes.grid(alpha=0.3)
-    axes.legend()
+    axes.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
@@ -272,11 +280,11 @@ def plot_cost_vs_evidence(rows: Sequence[PolicyRow], path: str | Path, label: st
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    figure, axes = plt.subplots(figsize=(7, 4.5))
-    for policy, cost, evidence in points:
-        axes.scatter(cost, 100 * evidence, s=30)
-        axes.annotate(policy, (cost, 100 * evidence), textcoords="offset points", xytext=(4, 3), fontsize=8)
-    axes.margins(x=0.15, y=0.1)  # room for the labels
+    figure, axes = plt.subplots(figsize=(8.5, 4.5))
+    markers = "osD^vP*Xh<>p"
+    for i, ((policy, cost, evidence), style) in enumerate(zip(points, _styles(len(points)))):
+        axes.scatter(cost, 100 * evidence, s=40, color=style["color"], marker=markers[i % len(markers)], label=policy)
+    axes.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)  # labels would overlap in the plot
     axes.set_xlabel("prefill tokens computed (prompt tokens not served from the prefix cache)")
     axes.set_ylabel("evidence availability (%)")
     axes.set_title("Cost and evidence per policy" + (f" ({label})" if label else ""))
