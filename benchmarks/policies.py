@@ -132,18 +132,19 @@ def check_settings(out: Path, settings: dict, running: bool = True) -> list[str]
     if path.exists():
         saved = json.loads(path.read_text())
         commits = saved.pop("commits", [])
-        saved.pop("kv_cache_tokens", None)  # what the server reported, not an option
+        kv_tokens = saved.pop("kv_cache_tokens", None)  # what the server reported, not an option
         # an option added since the run began reads as unset (None) in it
         if any(saved.get(k) != settings.get(k) for k in {*saved, *settings}):
             changed = sorted(k for k in {*saved, *settings} if saved.get(k) != settings.get(k))
             sys.exit(f"{out} holds a run with other settings ({', '.join(changed)}): "
                      "pass the same options to resume it, or another --out")
     else:
-        commits = []
+        commits, kv_tokens = [], None
     if running and commit not in commits:
         commits.append(commit)
     out.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({**settings, "commits": commits}, indent=2) + "\n")
+    extra = {"kv_cache_tokens": kv_tokens} if kv_tokens is not None else {}
+    path.write_text(json.dumps({**settings, "commits": commits, **extra}, indent=2) + "\n")
     return commits
 
 

@@ -43,6 +43,7 @@ def test_settings_are_kept_and_a_resume_with_others_is_refused(tmp_path):
     log = "(EngineCore) INFO [kv_cache_utils.py:2327] CPU KV cache size: 169,216 tokens, Maximum concurrency ..."
     assert bench.note_kv_budget(tmp_path, log) == 169_216 and bench.kv_budget(tmp_path) == "169,216"
     assert bench.check_settings(tmp_path, settings) == commits  # the reported budget is not an option
+    assert bench.kv_budget(tmp_path) == "169,216"  # and a resume keeps it
     with pytest.raises(SystemExit, match="extra"):
         bench.check_settings(tmp_path, {**settings, "extra": 3})  # a new option set differently
     assert bench.check_settings(tmp_path, {**settings, "extra": None}) == commits  # a new option left unset

@@ -299,10 +299,13 @@ NOTES = """\
 Tokens / trajectory: input + output of every request plus the plugin's internal
 requests (eq. 45). Mean peak context: largest prompt sent per trajectory,
 averaged (eq. 46). Evidence availability and chars share are pooled over
-requests; a request refused as beyond the window keeps no evidence. Agreement: on the steps `none` also answered. Policies run one after
-another on one server: unless the prefix cache is emptied before each
-(`--reset-prefix-cache`, as benchmarks/policies.py does), a later run may reuse
-prefix-cache blocks of an earlier one (prefill computed).
+requests; a request refused as beyond the window keeps no evidence.
+Agreement: on the steps `none` also answered. Cache hits: prompt tokens vLLM
+served from its prefix cache. Recall changes: recalling requests that showed
+another memory list than the session's previous recall. Policies run one
+after another on one server: unless the prefix cache is emptied before each
+(`--reset-prefix-cache`, as benchmarks/policies.py does), a later run may
+reuse prefix-cache blocks of an earlier one (prefill computed).
 """
 
 
