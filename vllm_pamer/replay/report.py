@@ -230,6 +230,27 @@ def context_per_turn(records: Sequence[StepRecord]) -> dict[str, dict[int, float
     return {p: {s: mean(v) for s, v in sorted(steps.items())} for p, steps in sums.items()}
 
 
+def _pyplot():
+    """matplotlib's pyplot on the file backend, or None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def _save(plt, figure, axes, path: str | Path) -> None:
+    """Grid, legend beside the axes (labels would overlap inside), file."""
+    axes.grid(alpha=0.3)
+    axes.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
 def _styles(n: int) -> list[dict]:
     """Distinct colours for up to 20 series (matplotlib's default cycle repeats after 10)."""
     import matplotlib
@@ -242,14 +263,8 @@ def plot_context_per_turn(records: Sequence[StepRecord], path: str | Path, label
     """The paper's Figure 3 for this replay: mean context per turn, one line per
     policy. False (nothing written) without matplotlib or data."""
     curves = context_per_turn(records)
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    if not curves:
+    plt = _pyplot()
+    if plt is None or not curves:
         return False
     figure, axes = plt.subplots(figsize=(8.5, 4))
     for (policy, points), style in zip(curves.items(), _styles(len(curves))):
@@ -257,11 +272,7 @@ def plot_context_per_turn(records: Sequence[StepRecord], path: str | Path, label
     axes.set_xlabel("turn (decision point)")
     axes.set_ylabel("mean prompt tokens sent")
     axes.set_title("Context size per turn" + (f" ({label})" if label else ""))
-    axes.grid(alpha=0.3)
-    axes.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    _save(plt, figure, axes, path)
     return True
 
 
@@ -271,27 +282,17 @@ def plot_cost_vs_evidence(rows: Sequence[PolicyRow], path: str | Path, label: st
     token count alone hides. False (nothing written) without the figures."""
     points = [(r.policy, r.prefill_computed, r.evidence_availability) for r in rows
               if r.prefill_computed is not None and r.evidence_availability is not None]
-    if not points:
-        return False
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = _pyplot()
+    if plt is None or not points:
         return False
     figure, axes = plt.subplots(figsize=(8.5, 4.5))
     markers = "osD^vP*Xh<>p"
     for i, ((policy, cost, evidence), style) in enumerate(zip(points, _styles(len(points)))):
         axes.scatter(cost, 100 * evidence, s=40, color=style["color"], marker=markers[i % len(markers)], label=policy)
-    axes.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)  # labels would overlap in the plot
     axes.set_xlabel("prefill tokens computed (prompt tokens not served from the prefix cache)")
     axes.set_ylabel("evidence availability (%)")
     axes.set_title("Cost and evidence per policy" + (f" ({label})" if label else ""))
-    axes.grid(alpha=0.3)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    _save(plt, figure, axes, path)
     return True
 
 
@@ -310,6 +311,21 @@ reuse prefix-cache blocks of an earlier one (prefill computed).
 
 
 KIND_TITLES = {"tau": "tau-bench", "swe": "mini-swe"}
+
+
+def _plots(out: Path, records: Sequence[StepRecord], rows: Sequence[PolicyRow], suffix: str = "",
+           label: str = "") -> list[str]:
+    """Both plots (``context_per_turn<suffix>.png``, ``cost_vs_evidence<suffix>.png``);
+    the markdown lines of those written."""
+    lines = []
+    for stem, title, plotted in (
+        ("context_per_turn", "context size per turn", lambda path: plot_context_per_turn(records, path, label)),
+        ("cost_vs_evidence", "cost and evidence", lambda path: plot_cost_vs_evidence(rows, path, label)),
+    ):
+        name = f"{stem}{suffix}.png"
+        if plotted(out / name):
+            lines.append(f"\n![{title}{', ' + label if label else ''}]({name})\n")
+    return lines
 
 
 def write_report(
@@ -342,14 +358,8 @@ def write_report(
             name = KIND_TITLES.get(kind, kind)
             kind_rows = summarize(kind_records, kind_runs)
             parts.append(f"\n## {name}\n\n{markdown_table(kind_rows)}\n")
-            if plot_context_per_turn(kind_records, out / f"context_per_turn_{kind}.png", name):
-                parts.append(f"\n![context size per turn, {name}](context_per_turn_{kind}.png)\n")
-            if plot_cost_vs_evidence(kind_rows, out / f"cost_vs_evidence_{kind}.png", name):
-                parts.append(f"\n![cost and evidence, {name}](cost_vs_evidence_{kind}.png)\n")
+            parts += _plots(out, kind_records, kind_rows, f"_{kind}", name)
     else:
-        if plot_context_per_turn(records, out / "context_per_turn.png"):
-            parts.append("\n![context size per turn](context_per_turn.png)\n")
-        if plot_cost_vs_evidence(rows, out / "cost_vs_evidence.png"):
-            parts.append("\n![cost and evidence](cost_vs_evidence.png)\n")
+        parts += _plots(out, records, rows)
     (out / "report.md").write_text("\n".join(part for part in parts if part))
     return rows
