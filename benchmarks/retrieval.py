@@ -586,21 +586,21 @@ def main(argv: list[str] | None = None) -> int:
         dims[name] = int(vectors.shape[1]) if len(text_list) else 0
         speed[name] = {"texts": len(text_list), "seconds": seconds, "start": started}
 
-        def order_of(case: Case, vectors=vectors) -> list[int]:
-            mem = np.stack([vectors[texts[t]] for t in by_traj[case.trajectory].memories[:case.n_memories]])
-            return rank_memories(vectors[texts[case.query]], mem)
-
-        methods.append(score_method(name, cases, order_of))
-        if name == "served" and cases:
-            def order_captured(case: Case, vectors=vectors, captured=captured) -> list[int]:
+        def ranker(vectors=vectors, queries: dict[int, np.ndarray] | None = None):
+            """Order of a case's memories by cosine to its query: the text
+            query's vector, or ``queries[id(case)]`` where given."""
+            def order_of(case: Case) -> list[int]:
                 mem = np.stack([vectors[texts[t]] for t in by_traj[case.trajectory].memories[:case.n_memories]])
-                query = captured.get(id(case))
+                query = (queries or {}).get(id(case))
                 return rank_memories(vectors[texts[case.query]] if query is None else query, mem)
+            return order_of
 
+        methods.append(score_method(name, cases, ranker()))
+        if name == "served" and cases:
             labels["served-captured"] = (f"{runner.label.replace('last token', 'previous request')}, "
                                          "query = captured state of the previous request's prompt")
             dims["served-captured"] = dims[name]
-            methods.append(score_method("served-captured", cases, order_captured))
+            methods.append(score_method("served-captured", cases, ranker(queries=captured)))
     methods.append(score_method("recency", cases, lambda c: list(range(c.n_memories - 1, -1, -1))))
     methods.append(random_method(cases))
 
