@@ -134,8 +134,8 @@ def check_settings(out: Path, settings: dict, running: bool = True) -> list[str]
         commits = saved.pop("commits", [])
         kv_tokens = saved.pop("kv_cache_tokens", None)  # what the server reported, not an option
         # an option added since the run began reads as unset (None) in it
-        if any(saved.get(k) != settings.get(k) for k in {*saved, *settings}):
-            changed = sorted(k for k in {*saved, *settings} if saved.get(k) != settings.get(k))
+        changed = sorted(k for k in {*saved, *settings} if saved.get(k) != settings.get(k))
+        if changed:
             sys.exit(f"{out} holds a run with other settings ({', '.join(changed)}): "
                      "pass the same options to resume it, or another --out")
     else:
