@@ -271,10 +271,10 @@ def main() -> None:
     parser.add_argument("--summary-tokens", type=int, default=96, help="summary / cue / recall length")
     parser.add_argument("--heads", default=None)
     parser.add_argument("--serve-args", default="--enforce-eager --enable-prompt-tokens-details")
-    parser.add_argument("--kv-cache-gib", type=int, default=None,
-                        help="CPU: the KV-cache budget in GiB (VLLM_CPU_KVCACHE_SPACE); on a GPU pass "
-                             "--kv-cache-memory-bytes in --serve-args. Small budgets and more --concurrency "
-                             "show what shorter contexts buy when KV memory is what limits the server")
+    parser.add_argument("--kv-cache-gib", type=float, default=None,
+                        help="the KV-cache budget in GiB (vLLM's --kv-cache-memory-bytes, CPU or GPU). Small "
+                             "budgets and more --concurrency show what shorter contexts buy when KV memory is "
+                             "what limits the server")
     parser.add_argument("--stop-after-min", type=float, default=None,
                         help="start no new (group, policy) run after this many minutes; run again to resume")
     parser.add_argument("--report-only", action="store_true", help="write the report from the saved units and exit")
@@ -295,6 +295,8 @@ def main() -> None:
         log = Path(tempfile.mkdtemp(prefix="policies-")) / "server.log"
         serve = ["--pamer-policy", "none", "--pamer-heads", str(heads), "--pamer-options-by-policy",
                  json.dumps(options), *args.serve_args.split()]
+        if args.kv_cache_gib is not None:
+            serve += ["--kv-cache-memory-bytes", str(int(args.kv_cache_gib * 2**30))]
         # dev mode serves POST /reset_prefix_cache: each run starts from an empty
         # prefix cache, so "prefill computed" compares across policies
         env = {"PAMER_STORE": str(log.parent / "memory.sqlite3"), "VLLM_SERVER_DEV_MODE": "1"}
@@ -302,8 +304,6 @@ def main() -> None:
         # on 2 cores, letting it use both ran this replay 1.3x faster (measured)
         if "VLLM_CPU_NUM_OF_RESERVED_CPU" not in os.environ:
             env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
-        if args.kv_cache_gib is not None:
-            env["VLLM_CPU_KVCACHE_SPACE"] = str(args.kv_cache_gib)
         server = ServerProcess(serve, free_port(), log, env=env)
         try:
             server.wait_ready(timeout=900)

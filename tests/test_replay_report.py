@@ -36,7 +36,8 @@ RECORDS = [
 ]
 RUNS = [
     RunSummary(policy="none", trajectories=2, requests=4, elapsed_s=60.0, kv_usage_peak=0.5,
-               metric_deltas={"vllm:prefix_cache_queries_total": 1000.0, "vllm:prefix_cache_hits_total": 400.0}),
+               metric_deltas={"vllm:prefix_cache_queries_total": 1000.0, "vllm:prefix_cache_hits_total": 400.0,
+                              "vllm:num_preemptions_total": 3.0}),
     RunSummary(policy="recent_k", trajectories=2, requests=4, elapsed_s=30.0, kv_usage_peak=0.25,
                metric_deltas={"vllm:prefix_cache_queries_total": 500.0, "vllm:prefix_cache_hits_total": 300.0,
                               'vllm_pamer_internal_prompt_tokens_total{kind="summary"}': 100.0,
@@ -52,6 +53,7 @@ def test_policy_rows_known_values():
     assert none.prefill_computed == 600
     assert none.peak_kv_usage == 0.5
     assert none.steps_per_min == pytest.approx(3.0)
+    assert none.preemptions == 3
     assert none.evidence_availability == pytest.approx(4 / 4)
     assert none.chars_share == pytest.approx(1.0)
     assert none.agree_tool is None and none.agree_args is None  # the baseline itself
@@ -62,6 +64,7 @@ def test_policy_rows_known_values():
     assert recent.mean_peak_context == pytest.approx((150 + 260) / 2)
     assert recent.prefill_computed == 200
     assert recent.steps_per_min == pytest.approx(8.0)
+    assert recent.preemptions is None  # not exported: shown as "-", not as zero
     assert recent.evidence_availability == pytest.approx((2 + 0 + 1 + 1) / (2 + 0 + 2 + 4))
     assert recent.chars_share == pytest.approx((100 + 120 + 200 + 100) / (100 + 200 + 300 + 400))
     # compared on the steps both answered (B/1 was beyond the window under none)
@@ -87,7 +90,7 @@ def test_markdown_table_and_files(tmp_path):
     table = markdown_table(rows)
     lines = table.splitlines()
     assert lines[0].startswith("| policy | trajectories |") and len(lines) == 4
-    assert "| none | 2 | 3 | 1 | 312 | 250 | 600 | 50.0% | 3.00 | - | - | 100.0% | 100.0% | - | - |" in table
+    assert "| none | 2 | 3 | 1 | 312 | 250 | 600 | 50.0% | 3.00 | 3 | - | - | 100.0% | 100.0% | - | - |" in table
     assert "| recent_k | 2 | 4 | 0 |" in lines[3] and "66.7% | 0.50 |" in lines[3]
     assert read_records(tmp_path / "records.jsonl") == RECORDS
     assert [r.policy for r in read_runs(tmp_path / "runs.json")] == ["none", "recent_k"]
@@ -159,6 +162,8 @@ vllm:prompt_tokens_total{engine="0",model_name="m"} 1500.0
 vllm:prompt_tokens_created{engine="0",model_name="m"} 1.7e9
 vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1200.0
 vllm:prefix_cache_hits_total{engine="0",model_name="m"} 200.0
+vllm:num_preemptions_total{engine="0",model_name="m"} 2.0
+vllm:num_preemptions_total{engine="1",model_name="m"} 1.0
 vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.125
 vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.25
 vllm_pamer_internal_prompt_tokens_total{kind="summary"} 40.0
@@ -171,6 +176,7 @@ def test_prometheus_counters_and_deltas():
     assert prometheus.kv_usage(samples) == 0.25
     before = prometheus.counters(samples)
     assert before["vllm:prompt_tokens_total"] == 1500 and "vllm:generation_tokens_total" not in before
+    assert before["vllm:num_preemptions_total"] == 3  # summed over engines
     after_text = METRICS.replace("1500.0", "1600.0") + 'vllm_pamer_internal_prompt_tokens_total{kind="embedding"} 3.0\n'
     delta = prometheus.deltas(before, prometheus.counters(prometheus.parse_samples(after_text)))
     assert delta["vllm:prompt_tokens_total"] == 100

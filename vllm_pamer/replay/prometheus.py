@@ -13,6 +13,7 @@ VLLM_COUNTERS = (
     "vllm:generation_tokens_total",
     "vllm:prefix_cache_queries_total",
     "vllm:prefix_cache_hits_total",
+    "vllm:num_preemptions_total",  # requests evicted for KV space (recomputed later)
 )
 BY_SOURCE = "vllm:prompt_tokens_by_source_total"  # source="local_compute": prefill actually computed
 KV_USAGE = "vllm:kv_cache_usage_perc"

@@ -12,6 +12,8 @@ From the per-request records and each run's counter deltas, per policy:
   run, not served from the prefix cache (``prometheus.prefill_computed``);
 * **peak KV**: the highest sampled ``vllm:kv_cache_usage_perc``;
 * **steps/min**: requests answered per minute of the run;
+* **preemptions**: requests vLLM evicted to free KV-cache space (and computed
+  again later), ``vllm:num_preemptions`` over the run;
 * **evidence availability** and **chars share**: pooled over requests
   (needed values kept / needed values; characters sent / characters of the
   full histories), the same pooling as ``evidence.recency_frontier``; a
@@ -63,6 +65,7 @@ class PolicyRow(msgspec.Struct, kw_only=True):
     prefill_computed: float | None = None
     peak_kv_usage: float | None = None
     steps_per_min: float | None = None
+    preemptions: float | None = None
     evidence_availability: float | None = None
     chars_share: float | None = None
     agree_tool: float | None = None
@@ -148,6 +151,7 @@ def policy_row(records: Sequence[StepRecord], run: RunSummary, baseline: Sequenc
 
     row.prefill_computed = prometheus.prefill_computed(deltas)
     row.steps_per_min = _ratio(len(ok), run.elapsed_s / 60.0)
+    row.preemptions = prometheus.total(deltas, "vllm:num_preemptions_total")
 
     echoed = [r for r in ok if r.available is not None]
     # a request refused as longer than the window shows the model nothing
@@ -202,6 +206,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("prefill_computed", "prefill computed", "num"),
     ("peak_kv_usage", "peak KV", "pct"),
     ("steps_per_min", "steps / min", "rate"),
+    ("preemptions", "preemptions", "num"),
     ("cache_hits", "cache hits", "pct"),
     ("recall_changes", "recall changes", "pct"),
     ("evidence_availability", "evidence availability", "pct"),
