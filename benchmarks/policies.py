@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 from tests.e2e.helpers import free_port  # noqa: E402
 from vllm_pamer.default_model import ensure_default_model, shipped_heads  # noqa: E402
 from vllm_pamer.demo import ServerProcess  # noqa: E402
-from vllm_pamer.replay.client import ReplaySettings, TrajectoryPlan, plan_replay, replay_policy  # noqa: E402
+from vllm_pamer.replay.client import ReplaySettings, TrajectoryPlan, connect, plan_replay, replay_policy  # noqa: E402
 from vllm_pamer.replay.records import RunSummary, StepRecord  # noqa: E402
 from vllm_pamer.replay.report import markdown_table, write_report  # noqa: E402
 from vllm_pamer.trajectories import load_trajectories  # noqa: E402
@@ -182,13 +182,8 @@ def load_unit(path: Path) -> Unit:
 
 async def run_units(settings: ReplaySettings, groups, policies: list[str], out: Path, stop_after_s: float | None) -> int:
     """Each (group, policy) not saved yet, in order; returns how many ran."""
-    import httpx
-
-    from vllm_pamer.replay.client import served_model
-
     started, ran = time.monotonic(), 0
-    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=settings.concurrency + 4)) as client:
-        model = await served_model(client, settings.url)
+    async with connect(settings) as (client, model):
         for group, plans in groups:
             for policy in policies:
                 path = unit_path(out, group, policy)

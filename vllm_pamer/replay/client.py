@@ -20,7 +20,8 @@ import json
 import re
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -266,13 +267,20 @@ async def replay_policy(
     return records, summary
 
 
+@asynccontextmanager
+async def connect(settings: ReplaySettings) -> AsyncIterator[tuple[httpx.AsyncClient, str]]:
+    """An HTTP client sized for the replay's sessions (plus the metrics
+    scrapes) and the model to ask for: ``settings.model`` or the served one."""
+    limits = httpx.Limits(max_connections=max(1, settings.concurrency) + 4)
+    async with httpx.AsyncClient(limits=limits) as client:
+        yield client, settings.model or await served_model(client, settings.url)
+
+
 async def replay(
     settings: ReplaySettings, policies: Sequence[str], plans: Sequence[TrajectoryPlan]
 ) -> tuple[list[StepRecord], list[RunSummary]]:
     """Every policy in turn over the same plans."""
-    limits = httpx.Limits(max_connections=max(1, settings.concurrency) + 4)
-    async with httpx.AsyncClient(limits=limits) as client:
-        model = settings.model or await served_model(client, settings.url)
+    async with connect(settings) as (client, model):
         records: list[StepRecord] = []
         runs: list[RunSummary] = []
         for policy in policies:
