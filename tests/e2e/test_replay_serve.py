@@ -38,6 +38,7 @@ def test_report_fields_are_filled(replayed):
         for field in ("tokens_per_trajectory", "mean_peak_context", "prefill_computed", "steps_per_min"):
             assert row[field] is not None and row[field] > 0, (row["policy"], field)
         assert row["peak_kv_usage"] is not None  # sampled; may read 0 between two requests
+        assert row["preemptions"] is not None  # vLLM exports the counter (0 on an unbound KV cache)
         assert 0 < row["chars_share"] <= 1
     assert rows["none"]["chars_share"] == pytest.approx(1.0)
     assert rows["recent_k"]["chars_share"] < 1
