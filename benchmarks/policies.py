@@ -48,7 +48,7 @@ from vllm_pamer.default_model import ensure_default_model, shipped_heads  # noqa
 from vllm_pamer.demo import ServerProcess  # noqa: E402
 from vllm_pamer.replay.client import ReplaySettings, TrajectoryPlan, connect, plan_replay, replay_policy  # noqa: E402
 from vllm_pamer.replay.records import RunSummary, StepRecord  # noqa: E402
-from vllm_pamer.replay.report import markdown_table, write_report  # noqa: E402
+from vllm_pamer.replay.report import KIND_TITLES, fmt, markdown_table, summarize, write_report  # noqa: E402
 from vllm_pamer.trajectories import load_trajectories  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "trajectories"
@@ -225,6 +225,38 @@ def kv_budget(out: Path) -> str:
     return f"{tokens:,}" if tokens else "unreported"
 
 
+def rows_by_policy(out: Path, groups: list[str], policies: list[str]) -> dict:
+    """The report rows of the saved units of these groups and policies, by policy."""
+    units = [load_unit(unit_path(out, g, p)) for p in policies for g in groups]
+    return {row.policy: row for row in summarize([r for u in units for r in u.records], [u.run for u in units])}
+
+
+def against_section(out: Path, other: Path, groups, policies: list[str]) -> str:
+    """This run's serving figures next to another run's (say the same groups
+    with more KV memory), per kind, on the groups both finished for every
+    policy: steps / min and their ratio, peak KV use, prefill computed. The two
+    runs ran one after the other, not interleaved: quote them as such."""
+    parts = [f"\n## Against `{other}`\n\nThe same groups and policies in both runs; ratio = this run / that run.\n"]
+    for kind in ("swe", "tau"):
+        shared = [g for g, _ in groups if g.startswith(kind)
+                  and all(unit_path(d, g, p).exists() for d in (out, other) for p in policies)]
+        if not shared:
+            continue
+        here, there = rows_by_policy(out, shared, policies), rows_by_policy(other, shared, policies)
+        trajectories = here[policies[0]].trajectories
+        parts += [f"\n### {KIND_TITLES.get(kind, kind)} ({len(shared)} groups, {trajectories} trajectories)\n",
+                  "| policy | mean peak context | peak KV | peak KV there | steps / min | steps / min there | ratio "
+                  "| prefill computed | prefill computed there | preemptions |", "|" + "---|" * 10]
+        for policy in policies:
+            a, b = here[policy], there[policy]
+            ratio = a.steps_per_min / b.steps_per_min if a.steps_per_min and b.steps_per_min else None
+            cells = [policy, fmt(a.mean_peak_context), fmt(a.peak_kv_usage, "pct"), fmt(b.peak_kv_usage, "pct"),
+                     fmt(a.steps_per_min, "rate"), fmt(b.steps_per_min, "rate"), fmt(ratio, "rate"),
+                     fmt(a.prefill_computed), fmt(b.prefill_computed), fmt(a.preemptions)]
+            parts.append("| " + " | ".join(cells) + " |")
+    return "\n".join(parts) + "\n" if len(parts) > 1 else ""
+
+
 def report(out: Path, groups, policies: list[str], commits: list[str], args: argparse.Namespace) -> None:
     """The report over the groups every policy finished."""
     complete = [(g, plans) for g, plans in groups if all(unit_path(out, g, p).exists() for p in policies)]
@@ -247,6 +279,11 @@ def report(out: Path, groups, policies: list[str], commits: list[str], args: arg
     rows = write_report(out, records, runs, records_name=None, title="Policies side by side", preface=preface)
     print(markdown_table(rows))
     print(preface)
+    if getattr(args, "against", None):
+        section = against_section(out, Path(args.against), groups, policies)
+        with (out / "report.md").open("a") as report_md:
+            report_md.write(section or f"\nNo group finished by every policy in both this run and {args.against}.\n")
+        print(section)
 
 
 def main() -> None:
@@ -273,6 +310,9 @@ def main() -> None:
     parser.add_argument("--stop-after-min", type=float, default=None,
                         help="start no new (group, policy) run after this many minutes; run again to resume")
     parser.add_argument("--report-only", action="store_true", help="write the report from the saved units and exit")
+    parser.add_argument("--against", default=None, metavar="DIR",
+                        help="another run's --out (e.g. the same groups with more KV memory): the report adds "
+                             "steps / min here and there, per kind, on the groups both finished")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "policies"))
     args = parser.parse_args()
 

@@ -49,11 +49,11 @@ def test_settings_are_kept_and_a_resume_with_others_is_refused(tmp_path):
     assert bench.check_settings(tmp_path, {**settings, "extra": None}) == commits  # a new option left unset
 
 
-def unit(policy: str, group: str, trajectory: str, kind: str) -> bench.Unit:
+def unit(policy: str, group: str, trajectory: str, kind: str, elapsed_s: float = 6.0) -> bench.Unit:
     record = StepRecord(policy=policy, trajectory_id=trajectory, kind=kind, session_id=f"{policy}-{trajectory}",
                         step=0, message_index=2, status="ok", latency_s=1.0, prompt_tokens_out=100,
                         usage_prompt_tokens=100, usage_completion_tokens=10)
-    run = RunSummary(policy=policy, trajectories=1, requests=1, elapsed_s=6.0, kind=kind, group=group,
+    run = RunSummary(policy=policy, trajectories=1, requests=1, elapsed_s=elapsed_s, kind=kind, group=group,
                      metric_deltas={"vllm:prefix_cache_queries_total": 100.0, "vllm:prefix_cache_hits_total": 40.0})
     return bench.Unit(run, [record])
 
@@ -79,3 +79,18 @@ def test_units_round_trip_and_the_report_covers_finished_groups_only(tmp_path, c
     ]
     assert "## tau-bench" in text and "## mini-swe" in text
     assert not (tmp_path / "records.jsonl").exists()  # the units are the records
+
+
+def test_against_another_run_compares_the_groups_both_finished(tmp_path):
+    here, there = tmp_path / "bound", tmp_path / "free"
+    groups = [("swe-000", plans("swe", 1)), ("tau-000", plans("tau", 1)), ("tau-001", plans("tau", 1))]
+    for group, trajectory, kind in (("swe-000", "swe0", "swe"), ("tau-000", "tau0", "tau"), ("tau-001", "tau1", "tau")):
+        for name in ("none", "pamer"):
+            bench.save_unit(bench.unit_path(here, group, name), unit(name, group, trajectory, kind, elapsed_s=12.0))
+            if group != "tau-001":  # the other run has not reached tau-001
+                bench.save_unit(bench.unit_path(there, group, name), unit(name, group, trajectory, kind))
+    text = bench.against_section(here, there, groups, ["none", "pamer"])
+    assert "### tau-bench (1 groups, 1 trajectories)" in text and "### mini-swe (1 groups, 1 trajectories)" in text
+    # 1 request in 12 s here against 6 s there: 5.00 against 10.00 steps / min
+    assert "| none | 100 | - | - | 5.00 | 10.00 | 0.50 | 60 | 60 | - |" in text
+    assert bench.against_section(here, tmp_path / "empty", groups, ["none"]) == ""

@@ -186,7 +186,7 @@ def summarize(records: Sequence[StepRecord], runs: Sequence[RunSummary]) -> list
     return [policy_row(by_policy.get(run.policy, []), run, baseline) for run in runs]
 
 
-def _fmt(value: float | int | None, kind: str = "num") -> str:
+def fmt(value: float | int | None, kind: str = "num") -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     if kind == "pct":
@@ -220,7 +220,7 @@ def markdown_table(rows: Sequence[PolicyRow]) -> str:
     lines = ["| " + " | ".join(title for _, title, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for row in rows:
         cells = [
-            str(getattr(row, field)) if kind == "str" else _fmt(getattr(row, field), kind) for field, _, kind in COLUMNS
+            str(getattr(row, field)) if kind == "str" else fmt(getattr(row, field), kind) for field, _, kind in COLUMNS
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
