@@ -180,7 +180,7 @@ def write_layerwise_report(
     result: LayerwiseResult, report_dir: str | Path, inputs: Mapping[str, Any] | None = None
 ) -> Path:
     """``layerwise.md``, ``layerwise.json`` and ``layerwise.png`` into ``report_dir``."""
-    from vllm_pamer.training.train import _fmt
+    from vllm_pamer.training.train_report import fmt_estimate
 
     report_dir = Path(report_dir)
     report_dir.mkdir(parents=True, exist_ok=True)
@@ -209,7 +209,7 @@ def write_layerwise_report(
             for pooling in POOLINGS:
                 lines.append(
                     f"| {_tap_label(tap, result.num_layers)} | {pooling} | "
-                    + " | ".join(_fmt(result.summary(target, tap, pooling, m)) for m in ("auroc", "auprc", "gap"))
+                    + " | ".join(fmt_estimate(result.summary(target, tap, pooling, m)) for m in ("auroc", "auprc", "gap"))
                     + " |"
                 )
         best = max(result.taps, key=lambda tap: result.summary(target, tap, "last")[0])
