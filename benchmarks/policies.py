@@ -4,8 +4,9 @@ per group of trajectories and per policy, its report and plots written to
 ``--out`` (default benchmarks/results/policies/).
 
     .venv/bin/python benchmarks/policies.py --tau 3 --swe 1 --max-steps 10   # CPU-sized subsample, minutes
-    .venv/bin/python benchmarks/policies.py --tau 0 --swe 8 --swe-max-steps 30 --swe-group-size 2 \\
-        --order random --stop-after-min 100 --out benchmarks/results/policies-full   # resumable, hours
+    .venv/bin/python benchmarks/policies.py --tau 0 --swe 8 --swe-max-steps 30 --group-size 8 \\
+        --swe-group-size 4 --order random --concurrency 8 --stop-after-min 100 \\
+        --out benchmarks/results/policies-full                                   # resumable, hours
 
 Data: ../shared/data/trajectories/{tau_airline,mini_swe}.jsonl.gz, the first
 ``--tau`` / ``--swe`` trajectories of each (0 = all), at most ``--max-steps`` /
