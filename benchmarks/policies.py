@@ -226,9 +226,15 @@ def kv_budget(out: Path) -> str:
     return f"{tokens:,}" if tokens else "unreported"
 
 
+def load_units(out: Path, groups: list[str], policies: list[str]) -> list[Unit]:
+    """The saved units of these groups and policies, policy by policy in the
+    order given (so the report's merged rows come out in that order)."""
+    return [load_unit(unit_path(out, g, p)) for p in policies for g in groups]
+
+
 def rows_by_policy(out: Path, groups: list[str], policies: list[str]) -> dict:
     """The report rows of the saved units of these groups and policies, by policy."""
-    units = [load_unit(unit_path(out, g, p)) for p in policies for g in groups]
+    units = load_units(out, groups, policies)
     return {row.policy: row for row in summarize([r for u in units for r in u.records], [u.run for u in units])}
 
 
@@ -264,9 +270,7 @@ def report(out: Path, groups, policies: list[str], commits: list[str], args: arg
     if not complete:
         print("no group finished by every policy yet: no report")
         return
-    units = [load_unit(unit_path(out, g, p)) for g, _ in complete for p in policies]
-    # policies in the order given, then groups, so merged rows come out in policy order
-    units.sort(key=lambda u: policies.index(u.run.policy))
+    units = load_units(out, [g for g, _ in complete], policies)
     records = [r for u in units for r in u.records]
     runs = [u.run for u in units]
     kinds = {k: sum(len(plans) for g, plans in complete if g.startswith(k)) for k in ("tau", "swe")}
@@ -280,7 +284,7 @@ def report(out: Path, groups, policies: list[str], commits: list[str], args: arg
     rows = write_report(out, records, runs, records_name=None, title="Policies side by side", preface=preface)
     print(markdown_table(rows))
     print(preface)
-    if getattr(args, "against", None):
+    if args.against:
         section = against_section(out, Path(args.against), groups, policies)
         with (out / "report.md").open("a") as report_md:
             report_md.write(section or f"\nNo group finished by every policy in both this run and {args.against}.\n")

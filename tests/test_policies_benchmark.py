@@ -69,7 +69,8 @@ def test_units_round_trip_and_the_report_covers_finished_groups_only(tmp_path, c
                                            ("tau-001", "tau1", "tau", ["pamer"])):  # tau-001 lacks none
         for name in names:
             bench.save_unit(bench.unit_path(tmp_path, group, name), unit(name, group, trajectory, kind))
-    args = argparse.Namespace(max_steps=None, swe_max_steps=30, concurrency=2, max_tokens=32, summary_tokens=96)
+    args = argparse.Namespace(max_steps=None, swe_max_steps=30, concurrency=2, max_tokens=32, summary_tokens=96,
+                              against=None)
     bench.report(tmp_path, groups, policy_names, ["abc1234"], args)
     text = (tmp_path / "report.md").read_text()
     assert "2 of 3 groups finished by all 2 policies: 1 tau-bench and 1 mini-swe trajectories" in text
