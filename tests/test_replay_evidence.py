@@ -7,12 +7,14 @@ import json
 import pytest
 
 from vllm_pamer.replay.evidence import (
+    FrontierPoint,
     availability,
     chars_share,
     command_identifiers,
     context_chars,
     evidence_messages,
     needed_values,
+    recency_at,
     recency_frontier,
     recent_k_context,
 )
@@ -129,6 +131,39 @@ def test_recency_frontier_known_answer():
     sent = sum(context_chars(recent_k_context(h, 1)) for h in histories)
     assert k1.chars_share == pytest.approx(sent / sum(context_chars(h) for h in histories))
     assert k10.chars_share == 1.0
+
+
+def test_recency_frontier_max_steps_counts_only_the_first_requests():
+    """``max_steps`` measures the requests ``replay --max-steps`` sends: the
+    same as cutting the trajectory before its (max_steps + 1)-th request."""
+    first_two = recency_frontier([SWE], ks=(1,), max_steps=2)[0]
+    third = [i for i, _ in agent_requests(SWE["messages"])][2]
+    cut = recency_frontier([{**SWE, "messages": SWE["messages"][:third]}], ks=(1,))[0]
+    assert first_two == cut
+    assert first_two.points == 2 < recency_frontier([SWE], ks=(1,))[0].points
+
+
+def test_recency_frontier_steps_per_trajectory():
+    """A mapping gives each trajectory id its own request count; ids it does not name are skipped."""
+    other = {**SWE, "id": "other"}
+    (point,) = recency_frontier([SWE, other], ks=(1,), max_steps={"other": 2})
+    assert point == recency_frontier([other], ks=(1,), max_steps=2)[0]
+    (nothing,) = recency_frontier([SWE], ks=(1,), max_steps={})
+    assert nothing.points == 0
+
+
+def test_recency_at_interpolates_between_neighbouring_k():
+    def point(k, chars, kept):
+        return FrontierPoint(k=k, points=1, points_with_needs=1, needed=1, availability=kept, readable=kept,
+                             chars_share=chars)
+
+    points = [point(1, 0.2, 0.3), point(2, 0.4, 0.5), point(3, 0.4, 0.5), point(4, 1.0, 1.0)]
+    assert recency_at(points, 0.3) == pytest.approx(0.4)
+    assert recency_at(points, 0.4) == pytest.approx(0.5)
+    assert recency_at(points, 0.7) == pytest.approx(0.75)
+    assert recency_at(points, 0.2) == pytest.approx(0.3)
+    assert recency_at(points, 0.1) is None  # below recent_1: nothing to compare
+    assert recency_at([], 0.5) is None
 
 
 @pytest.mark.parametrize("kind", ["tau", "swe"])

@@ -9,7 +9,16 @@ import pytest
 
 from vllm_pamer.replay import prometheus
 from vllm_pamer.replay.records import RunSummary, StepRecord, read_records, read_runs
+from vllm_pamer.replay.evidence import (
+    availability,
+    context_chars,
+    evidence_messages,
+    needed_values,
+    recent_k_context,
+    trajectory_kind,
+)
 from vllm_pamer.replay.report import context_per_turn, jaccard, markdown_table, summarize, write_report
+from vllm_pamer.trajectories import agent_requests, load_trajectories
 
 
 def rec(policy, trajectory, step, tokens_out, completion=10, *, status="ok", tool=None, values=(), needed=0,
@@ -126,6 +135,37 @@ def test_runs_of_one_policy_merge_and_kinds_get_their_own_tables(tmp_path):
     assert "| none | 1 | 2 | 0 |" in tau_table and "| 300 |" in tau_table  # tau-0's counters alone
     assert (tmp_path / "context_per_turn_swe.png").read_bytes()[:4] == b"\x89PNG"
     assert "cost_vs_evidence_tau.png" in report and not (tmp_path / "cost_vs_evidence.png").exists()
+
+
+def test_over_recency_reads_zero_for_recent_k_on_the_same_requests(tmp_path):
+    """Records of recent_k (k = 2) made with the per-step functions on a real
+    mini-swe trajectory sit on the frontier the report computes (over recency
+    0); a policy sending the same characters but keeping every needed value
+    sits above it by the evidence recency lost."""
+    trajectory = load_trajectories(kind="swe")[0]
+    kind = trajectory_kind(trajectory)
+    messages = trajectory["messages"]
+    records = []
+    for step, (i, history) in enumerate(agent_requests(messages)):
+        if step == 20:
+            break
+        needed = needed_values(history, messages[i], kind)
+        context = recent_k_context(history, 2)
+        kept = round(availability(needed, evidence_messages(context, history, kind)) * len(needed)) if needed else 0
+        chars = (context_chars(context), context_chars(history))
+        records.append(rec("recent_k", str(trajectory["id"]), step, 100, needed=len(needed), available=kept,
+                           chars=chars))
+        records.append(rec("oracle", str(trajectory["id"]), step, 100, needed=len(needed), available=len(needed),
+                           chars=chars))
+    runs = [RunSummary(policy=p, trajectories=1, requests=20, elapsed_s=10.0) for p in ("recent_k", "oracle")]
+    recent, oracle = write_report(tmp_path, records, runs, trajectories=[trajectory])
+    assert recent.over_recency == pytest.approx(0.0, abs=1e-9)
+    assert recent.evidence_availability < 1.0
+    assert oracle.over_recency == pytest.approx(1.0 - recent.evidence_availability)
+    assert "| +0.0 pt |" in markdown_table([recent])
+    assert (tmp_path / "evidence_vs_chars.png").read_bytes()[:4] == b"\x89PNG"
+    assert "evidence_vs_chars.png" in (tmp_path / "report.md").read_text()
+    assert write_report(tmp_path / "no-trajectories", records, runs)[0].over_recency is None
 
 
 def test_a_request_beyond_the_window_keeps_no_evidence():

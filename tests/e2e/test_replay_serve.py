@@ -44,6 +44,9 @@ def test_report_fields_are_filled(replayed):
     assert rows["recent_k"]["chars_share"] < 1
     assert rows["recent_k"]["agree_tool"] is not None and 0 <= rows["recent_k"]["agree_args"] <= 1
     assert (out / "context_per_turn.png").stat().st_size > 0 and "| recent_k |" in (out / "report.md").read_text()
+    # the server's recent_k sits on the recency frontier the report computes from the trajectory
+    assert rows["recent_k"]["over_recency"] == pytest.approx(0.0, abs=0.005)
+    assert (out / "evidence_vs_chars.png").stat().st_size > 0
     for r in records:
         assert r.pamer["captured"] is True and r.pamer["policy"] == r.policy and r.session_id.startswith(r.policy + "-")
         assert r.prompt_tokens_out == r.usage_prompt_tokens and r.latency_s > 0

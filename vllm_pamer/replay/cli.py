@@ -59,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         ks = [int(k) for k in _csv(args.frontier_k)]
         bar = tqdm(trajectories, desc="frontier", unit="traj", disable=args.no_progress)
-        print(format_frontier(recency_frontier(bar, ks)))
+        print(format_frontier(recency_frontier(bar, ks, args.max_steps)))
         return 0
     if not args.out:
         parser.error("--out is required (unless --frontier)")
@@ -83,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         records, runs = run_replay(settings, policies, plans)
     except httpx.HTTPError as exc:  # no server there (request errors are recorded, not raised)
         sys.exit(f"vllm-pamer replay: cannot reach {args.url}: {exc}")
-    rows = write_report(args.out, records, runs)
+    rows = write_report(args.out, records, runs, trajectories=trajectories)
     print(markdown_table(rows))
     print(f"records, summary and plot in {args.out}")
     return 0

@@ -27,12 +27,15 @@ Pure Python (no network, no vLLM). For a decision point of a trajectory
 as the server's policy sends) directly on trajectories, pooled over every
 decision point: on the shared mini-swe data it reproduces the issue's
 reference numbers (recent_2 keeps 27% of the evidence at 12% of the
-characters, recent_10 59% at 27%, recent_20 75% at 44%).
+characters, recent_10 59% at 27%, recent_20 75% at 44%). ``recency_at``
+reads that frontier at a policy's character share: the evidence plain
+recency keeps for the same characters, the bar a memory policy must clear.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
@@ -165,8 +168,15 @@ class FrontierPoint(msgspec.Struct, frozen=True):
     chars_share: float
 
 
-def recency_frontier(trajectories: Iterable[Mapping[str, Any]], ks: Sequence[int] = (2, 10, 20)) -> list[FrontierPoint]:
-    """``recent_k``'s evidence availability and character share for each k.
+def recency_frontier(
+    trajectories: Iterable[Mapping[str, Any]],
+    ks: Sequence[int] = (2, 10, 20),
+    max_steps: int | Mapping[str, int] | None = None,
+) -> list[FrontierPoint]:
+    """``recent_k``'s evidence availability and character share for each k, on
+    the first ``max_steps`` requests of each trajectory (all by default: the
+    same requests ``replay --max-steps`` sends). A mapping gives each
+    trajectory id its own count; trajectories it does not name are skipped.
 
     Same definitions as ``needed_values`` / ``evidence_messages`` /
     ``availability`` on ``recent_k_context``, computed with one occurrence
@@ -177,6 +187,9 @@ def recency_frontier(trajectories: Iterable[Mapping[str, Any]], ks: Sequence[int
     sent_chars = dict.fromkeys(ks, 0)
     points = with_needs = needed_total = all_chars = 0
     for trajectory in trajectories:
+        limit = max_steps.get(str(trajectory.get("id")), 0) if isinstance(max_steps, Mapping) else max_steps
+        if limit == 0:
+            continue
         kind = trajectory_kind(trajectory)
         roles = EVIDENCE_ROLES[kind]
         messages = trajectory["messages"]
@@ -199,7 +212,9 @@ def recency_frontier(trajectories: Iterable[Mapping[str, Any]], ks: Sequence[int
                 where[value] = [k for k, text in enumerate(texts) if occurs(value, text)]
             return where[value]
 
-        for i, _ in agent_requests(messages):
+        for step, (i, _) in enumerate(agent_requests(messages)):
+            if limit is not None and step >= limit:
+                break
             points += 1
             all_chars += chars_before[i]
             used = [occurrences(v) for v in used_values(messages[i], kind)]
@@ -228,6 +243,19 @@ def recency_frontier(trajectories: Iterable[Mapping[str, Any]], ks: Sequence[int
         )
         for k in ks
     ]
+
+
+def recency_at(points: Sequence[FrontierPoint], chars_share: float) -> float | None:
+    """The evidence availability ``recent_k`` keeps at this character share,
+    linear between the neighbouring k of ``points`` (which grow with k). None
+    below the smallest k's share, where recency has no point to compare."""
+    curve = sorted((p.chars_share, p.availability) for p in points if not math.isnan(p.chars_share))
+    if not curve or chars_share < curve[0][0]:
+        return None
+    for (x0, y0), (x1, y1) in zip(curve, curve[1:]):
+        if chars_share <= x1:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (chars_share - x0) / (x1 - x0)
+    return curve[-1][1]
 
 
 def format_frontier(points: Sequence[FrontierPoint]) -> str:

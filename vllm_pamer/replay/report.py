@@ -29,7 +29,13 @@ From the per-request records and each run's counter deltas, per policy:
 * **recall changes**: of the requests that showed recalled memories after an
   earlier recall in the same session, the share that showed a different list
   (each change rewrites the prompt right after the prefix, so the prefix cache
-  loses the rest).
+  loses the rest);
+* **over recency** (given the trajectories): evidence availability minus what
+  plain recency (``recent_k``, the prefix and the last k blocks) keeps at the
+  same chars share on the same requests (``evidence.recency_at``), in points.
+  Above zero, a policy's rewriting keeps more of what the next action needs
+  than dropping old blocks would for the same characters; ``recent_k`` itself
+  reads about zero, a check on the measurement.
 
 Several runs of one policy (a benchmark that runs every policy per group of
 trajectories) are merged: times, counters and trajectories add up.
@@ -40,13 +46,15 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from statistics import mean
+from typing import Any
 
 import msgspec
 
 from vllm_pamer.replay import prometheus
+from vllm_pamer.replay.evidence import FrontierPoint, recency_at, recency_frontier
 from vllm_pamer.replay.records import RunSummary, StepRecord, write_records, write_runs
 
 BASELINE = "none"
@@ -68,6 +76,7 @@ class PolicyRow(msgspec.Struct, kw_only=True):
     preemptions: float | None = None
     evidence_availability: float | None = None
     chars_share: float | None = None
+    over_recency: float | None = None
     agree_tool: float | None = None
     agree_args: float | None = None
     cache_hits: float | None = None
@@ -193,6 +202,8 @@ def fmt(value: float | int | None, kind: str = "num") -> str:
         return f"{value:.1%}"
     if kind == "rate":
         return f"{value:.2f}"
+    if kind == "pts":
+        return f"{100 * value:+.1f} pt"
     return f"{value:,.0f}"
 
 
@@ -211,6 +222,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("recall_changes", "recall changes", "pct"),
     ("evidence_availability", "evidence availability", "pct"),
     ("chars_share", "chars share", "pct"),
+    ("over_recency", "over recency", "pts"),
     ("agree_tool", "same tool as none", "pct"),
     ("agree_args", "arg overlap with none", "rate"),
 )
@@ -224,6 +236,26 @@ def markdown_table(rows: Sequence[PolicyRow]) -> str:
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def replayed_frontier(records: Sequence[StepRecord], trajectories: Sequence[Mapping[str, Any]]) -> list[FrontierPoint]:
+    """``recent_k``'s frontier (k = 1 .. the longest replay) on exactly the
+    requests these records replayed: each trajectory up to its last step here."""
+    steps: dict[str, int] = {}
+    for r in records:
+        steps[r.trajectory_id] = max(steps.get(r.trajectory_id, 0), r.step + 1)
+    if not steps:
+        return []
+    return recency_frontier(trajectories, range(1, max(steps.values()) + 1), steps)
+
+
+def add_over_recency(rows: Sequence[PolicyRow], frontier: Sequence[FrontierPoint]) -> None:
+    """Fill each row's ``over_recency`` from the frontier of the same requests."""
+    for row in rows:
+        if row.evidence_availability is None or row.chars_share is None:
+            continue
+        recency = recency_at(frontier, row.chars_share)
+        row.over_recency = None if recency is None else row.evidence_availability - recency
 
 
 def context_per_turn(records: Sequence[StepRecord]) -> dict[str, dict[int, float]]:
@@ -281,6 +313,32 @@ def plot_context_per_turn(records: Sequence[StepRecord], path: str | Path, label
     return True
 
 
+def plot_evidence_vs_chars(rows: Sequence[PolicyRow], frontier: Sequence[FrontierPoint], path: str | Path,
+                           label: str = "") -> bool:
+    """One point per policy, characters kept (x) against evidence kept (y), over
+    the line plain recency draws on the same requests: a policy above the line
+    keeps more for its characters than dropping old blocks. False (nothing
+    written) without matplotlib, rows or frontier."""
+    points = [(r.policy, r.chars_share, r.evidence_availability) for r in rows
+              if r.chars_share is not None and r.evidence_availability is not None]
+    curve = sorted({(p.chars_share, p.availability) for p in frontier if not math.isnan(p.chars_share)})
+    plt = _pyplot()
+    if plt is None or not points or not curve:
+        return False
+    figure, axes = plt.subplots(figsize=(8.5, 4.5))
+    axes.plot([100 * x for x, _ in curve], [100 * y for _, y in curve], "--", color="grey", linewidth=1.2,
+              label=f"recent_k, k = {min(p.k for p in frontier)}..{max(p.k for p in frontier)}")
+    markers = "osD^vP*Xh<>p"
+    for i, ((policy, chars, evidence), style) in enumerate(zip(points, _styles(len(points)))):
+        axes.scatter(100 * chars, 100 * evidence, s=40, color=style["color"], marker=markers[i % len(markers)],
+                     label=policy, zorder=3)
+    axes.set_xlabel("chars share (%): characters sent over the full history's")
+    axes.set_ylabel("evidence availability (%)")
+    axes.set_title("Evidence for the characters kept, against recency" + (f" ({label})" if label else ""))
+    _save(plt, figure, axes, path)
+    return True
+
+
 def plot_cost_vs_evidence(rows: Sequence[PolicyRow], path: str | Path, label: str = "") -> bool:
     """One point per policy: prefill the engine computed (x) against the
     evidence the next action needs that is still readable (y), the trade-off a
@@ -305,7 +363,9 @@ NOTES = """\
 Tokens / trajectory: input + output of every request plus the plugin's internal
 requests (eq. 45). Mean peak context: largest prompt sent per trajectory,
 averaged (eq. 46). Evidence availability and chars share are pooled over
-requests; a request refused as beyond the window keeps no evidence.
+requests; a request refused as beyond the window keeps no evidence. Over
+recency: evidence availability minus what recent_k keeps at the same chars
+share on the same requests (recent_k itself reads about zero).
 Agreement: on the steps `none` also answered. Cache hits: prompt tokens vLLM
 served from its prefix cache. Recall changes: recalling requests that showed
 another memory list than the session's previous recall. Policies run one
@@ -318,14 +378,16 @@ reuse prefix-cache blocks of an earlier one (prefill computed).
 KIND_TITLES = {"tau": "tau-bench", "swe": "mini-swe"}
 
 
-def _plots(out: Path, records: Sequence[StepRecord], rows: Sequence[PolicyRow], suffix: str = "",
-           label: str = "") -> list[str]:
-    """Both plots (``context_per_turn<suffix>.png``, ``cost_vs_evidence<suffix>.png``);
-    the markdown lines of those written."""
+def _plots(out: Path, records: Sequence[StepRecord], rows: Sequence[PolicyRow], frontier: Sequence[FrontierPoint],
+           suffix: str = "", label: str = "") -> list[str]:
+    """The plots (``context_per_turn<suffix>.png``, ``cost_vs_evidence<suffix>.png``,
+    ``evidence_vs_chars<suffix>.png`` given a frontier); the markdown lines of those written."""
     lines = []
     for stem, title, plotted in (
         ("context_per_turn", "context size per turn", lambda path: plot_context_per_turn(records, path, label)),
         ("cost_vs_evidence", "cost and evidence", lambda path: plot_cost_vs_evidence(rows, path, label)),
+        ("evidence_vs_chars", "evidence against recency",
+         lambda path: plot_evidence_vs_chars(rows, frontier, path, label)),
     ):
         name = f"{stem}{suffix}.png"
         if plotted(out / name):
@@ -341,15 +403,25 @@ def write_report(
     records_name: str | None = "records.jsonl",
     title: str = "Replay",
     preface: str = "",
+    trajectories: Sequence[Mapping[str, Any]] | None = None,
 ) -> list[PolicyRow]:
     """``records_name`` (``.gz``: compressed) and runs.json (unless
     ``records_name`` is None: the caller keeps them), summary.json, report.md
-    and the plots (context per turn, cost against evidence) in ``out_dir``. With trajectories of both kinds in
-    single-kind runs, the report adds a table and a plot per kind (their
-    counters cannot be split otherwise)."""
+    and the plots (context per turn, cost against evidence) in ``out_dir``.
+    With trajectories of both kinds in single-kind runs, the report adds a
+    table and plots per kind (their counters cannot be split otherwise). Given
+    the replayed ``trajectories``, each row gets its evidence over recency's on
+    the same requests, and a third plot shows it."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    rows = summarize(records, runs)
+
+    def rows_and_frontier(some_records, some_runs):
+        rows = summarize(some_records, some_runs)
+        frontier = replayed_frontier(some_records, trajectories) if trajectories is not None else []
+        add_over_recency(rows, frontier)
+        return rows, frontier
+
+    rows, frontier = rows_and_frontier(records, runs)
     if records_name is not None:
         write_records(out / records_name, list(records))
         write_runs(out / "runs.json", list(runs))
@@ -361,10 +433,10 @@ def write_report(
             kind_runs = [run for run in runs if run.kind == kind]
             kind_records = [r for r in records if r.kind == kind]
             name = KIND_TITLES.get(kind, kind)
-            kind_rows = summarize(kind_records, kind_runs)
+            kind_rows, kind_frontier = rows_and_frontier(kind_records, kind_runs)
             parts.append(f"\n## {name}\n\n{markdown_table(kind_rows)}\n")
-            parts += _plots(out, kind_records, kind_rows, f"_{kind}", name)
+            parts += _plots(out, kind_records, kind_rows, kind_frontier, f"_{kind}", name)
     else:
-        parts += _plots(out, records, rows)
+        parts += _plots(out, records, rows, frontier)
     (out / "report.md").write_text("\n".join(part for part in parts if part))
     return rows
