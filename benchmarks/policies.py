@@ -281,7 +281,9 @@ def report(out: Path, groups, policies: list[str], commits: list[str], args: arg
         f"{args.max_tokens} tokens generated per request, summaries / cues / recalls <= {args.summary_tokens} tokens, "
         f"KV cache of {kv_budget(out)} tokens. Code: {', '.join(commits)}. Command: `{run_command(sys.argv[1:])}`\n"
     )
-    trajectories = [t for name in ("tau_airline", "mini_swe") for t in load_trajectories(DATA / f"{name}.jsonl.gz")]
+    # the replayed trajectories, for the over-recency column (absent data: the column stays empty)
+    paths = [DATA / f"{name}.jsonl.gz" for name in ("tau_airline", "mini_swe")]
+    trajectories = [t for path in paths if path.exists() for t in load_trajectories(path)]
     rows = write_report(out, records, runs, records_name=None, title="Policies side by side", preface=preface,
                         trajectories=trajectories)
     print(markdown_table(rows))

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from vllm_pamer.replay.cli import main as replay_main
+from vllm_pamer.replay.evidence import recency_frontier
 from vllm_pamer.replay.records import read_records
 from vllm_pamer.trajectories import load_trajectories
 
@@ -44,9 +45,10 @@ def test_report_fields_are_filled(replayed):
     assert rows["recent_k"]["chars_share"] < 1
     assert rows["recent_k"]["agree_tool"] is not None and 0 <= rows["recent_k"]["agree_args"] <= 1
     assert (out / "context_per_turn.png").stat().st_size > 0 and "| recent_k |" in (out / "report.md").read_text()
-    # the server's recent_k sits on the recency frontier the report computes from the trajectory
-    assert rows["recent_k"]["over_recency"] == pytest.approx(0.0, abs=0.005)
-    assert (out / "evidence_vs_chars.png").stat().st_size > 0
+    # the server's recent_k sends what the report's recency frontier assumes (prefix + last 2 blocks)
+    trajectory = {t["id"]: t for t in load_trajectories(kind="tau")}[TRAJECTORY]
+    (recent_2,) = recency_frontier([trajectory], ks=(2,))
+    assert rows["recent_k"]["chars_share"] == pytest.approx(recent_2.chars_share)
     for r in records:
         assert r.pamer["captured"] is True and r.pamer["policy"] == r.policy and r.session_id.startswith(r.policy + "-")
         assert r.prompt_tokens_out == r.usage_prompt_tokens and r.latency_s > 0
