@@ -112,6 +112,49 @@ def test_missing_vote_skips_compression_but_recall_still_works(store):
     assert len(store.load("s1").memories) == 1
 
 
+class WindowServices(Services):
+    """A served window of ``window`` tokens; the request's tools count 50 tokens each."""
+
+    def __init__(self, window, **kwargs):
+        super().__init__(**kwargs)
+        self.max_model_len = window
+
+    def prompt_tokens(self, messages, tools=None):
+        return self.count_tokens(messages) + 50 * len(tools or [])
+
+
+@pytest.mark.parametrize("vote", [None, KEEP])
+def test_window_guard_compresses_a_request_the_window_cannot_hold(store, vote):
+    """No vote can come from a request the engine refuses (it is never
+    prefilled), so without the guard the session would stay refused."""
+    messages = conversation(8)  # about 2,000 tokens at 4 characters a token
+    outcome = run(messages, store, WindowServices(window=1_800), vote)
+    assert outcome.action == "compressed" and "longer than the window" in outcome.detail
+    assert len(store.load("s1").memories) == 1
+    assert "window_guard" in [e["kind"] for e in store.events("s1")]
+
+
+def test_window_guard_counts_the_tools_and_can_be_turned_off(store):
+    messages, tools = conversation(8), [{"type": "function", "function": {"name": f"t{i}"}} for i in range(4)]
+    policy = create_policy("pamer", {})
+    fits = asyncio.run(rewrite_request(messages, "s1", policy, KEEP, PamerContext(store, WindowServices(2_100))))
+    assert fits.action == "none"  # fits without the tools
+    with_tools = asyncio.run(
+        rewrite_request(messages, "s1", policy, KEEP, PamerContext(store, WindowServices(2_100)), tools=tools)
+    )
+    assert with_tools.action == "compressed"  # 200 tool tokens push it past the window
+    off = run(conversation(8), store, WindowServices(window=1_800), None, session="s2", window_guard=False)
+    assert off.action == "none" and "compression skipped" in off.detail and store.load("s2").memories == []
+
+
+def test_window_guard_failure_still_removes_nothing(store):
+    messages = conversation(8)
+    outcome = run(messages, store, WindowServices(1_800, summary_error=RuntimeError("engine error")), None,
+                  summary_attempts=1)
+    assert outcome.action == "fallback:summary_failure" and outcome.messages == messages
+    assert store.load("s1").memories == []
+
+
 @pytest.mark.parametrize(
     "services, rule",
     [

@@ -100,6 +100,16 @@ def test_empty_selection_and_failures_inject_nothing(store):
     assert later(store, policy, foreign).messages == plain
 
 
+def test_step_evidence_that_would_not_fit_the_window_is_left_out(store):
+    policy = create_policy("pamer_plus")
+    session_with_memory(store, policy)
+    plain = later(store, create_policy("pamer"), Services()).messages
+    services = ScriptedServices({"summary_ids": [1], "raw_steps_needed": ["1.3"]}, recall="ID3 " * 400 + "[step 1.3]")
+    services.max_model_len = services.count_tokens(plain) + 100  # the request fits, the evidence does not
+    out = later(store, policy, services)
+    assert out.messages == plain and out.action == "recalled" and "would not fit the window" in out.detail
+
+
 def test_stable_selection_keeps_previous_unless_beaten_by_margin():
     scores = {1: 0.50, 2: 0.48, 3: 0.47, 4: 0.49, 5: 0.60}
     assert stable_selection(scores, [], [5, 1, 4], 3, 0.05) == [1, 4, 5]

@@ -142,3 +142,15 @@ def _try(fn, *args):
         return fn(*args)
     except Exception as exc:  # the request dies with the server
         return exc
+
+
+def test_window_guard_compresses_a_first_request_longer_than_the_window(compress_server, trajectory):
+    """A session's first request has no vote yet, and one longer than the
+    window is never prefilled, so it would never get one: PaMER compresses it
+    without the vote, and the engine answers instead of refusing."""
+    client = client_for(compress_server)
+    history = next(h for step, (_, h) in enumerate(agent_requests(trajectory["messages"])) if step == 19)
+    report = chat(client, history, "pamer-window").model_extra["pamer"]
+    assert report["action"] == "compressed" and "longer than the window" in report["detail"], report
+    assert report["prompt_tokens_in"] >= 8192 > report["prompt_tokens_out"]
+    assert protocol_issues(report["messages_sent"]) == []

@@ -44,6 +44,7 @@ async def rewrite_request(
     previous_vote: HeadVote | None = None,
     memory: Any = None,
     previous_state: Any = None,
+    tools: list[dict] | None = None,
 ) -> RewriteOutcome:
     if not session_id:
         return _fallback(messages, "missing_session_id")
@@ -51,7 +52,7 @@ async def rewrite_request(
     if issues:
         first = issues[0]
         return _fallback(messages, "unsafe_tool_protocol", f"{first.rule} at message {first.index}: {first.detail}")
-    request = PolicyRequest(session_id, split_conversation(messages), previous_vote, memory, previous_state)
+    request = PolicyRequest(session_id, split_conversation(messages), previous_vote, memory, previous_state, tools)
     try:
         decision: PolicyDecision = await policy.rewrite(request)
     except Exception as exc:  # a failed memory operation never removes history

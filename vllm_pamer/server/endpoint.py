@@ -190,7 +190,7 @@ async def _handle_chat(body: dict, raw_request: Request):
     session = server.sessions.touch(session_id) if session_id else None
     outcome: RewriteOutcome = await rewrite_request(
         messages, session_id, policy, session.last_vote if session else None, server.memory,
-        session.state() if session else None,
+        session.state() if session else None, body.get("tools") if isinstance(body.get("tools"), list) else None,
     )
     rewritten = outcome.action in REWRITING_ACTIONS
     sent = server.render(outcome.messages)

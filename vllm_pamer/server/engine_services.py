@@ -56,6 +56,14 @@ class EngineServices:
             ids = ids["input_ids"]
         return list(ids)
 
+    def prompt_tokens(self, messages: Sequence[dict], tools: list[dict] | None = None) -> int:
+        """Prompt tokens of a request of these messages and tools, rendered as
+        the server renders requests: what the engine checks against the window."""
+        try:
+            return len(self.chat_ids(self.render(list(messages)), **({"tools": tools} if tools else {})))
+        except Exception:  # a template that refuses the tools or the messages
+            return self.count_tokens(messages)
+
     def count_tokens(self, messages: Sequence[dict]) -> int:
         if not messages:
             return 0

@@ -36,6 +36,9 @@ class PolicyRequest(msgspec.Struct, frozen=True):
     previous_state: Any = None
     """The served model's final-norm state captured at this session's previous
     request (float32 vector; None when none was captured)."""
+    tools: list[dict] | None = None
+    """The request's ``tools`` (templates that support them render them into
+    the prompt, so they count toward the window)."""
 
 
 class PolicyDecision(msgspec.Struct, frozen=True):

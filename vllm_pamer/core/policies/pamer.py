@@ -5,7 +5,8 @@ Per request of a session:
 2. C_eff: drop raw blocks already covered by committed memories;
 3. split C_eff into P / O / R (R = ``retained_blocks`` most recent blocks);
 4. if tokens(O) >= ``min_candidate_tokens`` and the vote captured at this
-   session's previous prefill says compress: summarize O, embed the summary,
+   session's previous prefill says compress (or, ``window_guard``, C_eff does
+   not fit the served window, so no vote can follow): summarize O, embed the summary,
    store (summary, embedding, covered blocks, step details), and only then
    send P + R - the transaction; any failure sends the original request;
 5. otherwise, with memories: the query is the state captured at the end of
@@ -62,6 +63,11 @@ class MemoryServices(Protocol):
 
     def count_tokens(self, messages: Sequence[Message]) -> int: ...
 
+    # Optional (``window_guard``): the served model's window in tokens, and
+    # the prompt tokens of a request (messages and tools) as the engine counts them.
+    # max_model_len: int
+    # def prompt_tokens(self, messages, tools) -> int: ...
+
 
 class SummaryConfig(PolicyConfig, frozen=True):
     """Settings of every policy that writes summaries (PaMER, the summary
@@ -114,6 +120,14 @@ class PamerConfig(SummaryConfig, frozen=True):
     inserted text then stays identical between requests and vLLM's prefix
     cache keeps the prompt up to it (beyond the paper; its Prop. C.2 margin)."""
     recall_margin: float = 0.05
+    window_guard: bool = True
+    """Compress without waiting for the vote when the request as sent does not
+    fit the served model's window (beyond the paper, whose probe reads up to
+    35,000 tokens beside the agent). Here the vote comes from the served
+    model's own prefill, which a request longer than the window never gets:
+    without the guard the server refuses it, and every later request of the
+    session, since the history only grows. The compression is the same
+    transaction: if it fails the request goes through unchanged."""
     summarize_ahead: bool = False
     """Overlap mode: when request t's vote says compress (known at its prefill),
     start summarizing the blocks that will be old at request t+1 while the agent
@@ -406,10 +420,16 @@ class Pamer(MemoryPolicy):
         vote = request.previous_vote
         old_tokens = services.count_tokens(old_messages) if old else 0
         if old_tokens >= cfg.min_candidate_tokens:
-            if vote is None:
+            live_messages = prefix + old_messages + recent_messages  # C_eff, what goes out without compression
+            over_window = (vote is None or not vote.compress) and self._over_window(services, live_messages,
+                                                                                     request.tools)
+            if over_window:
+                notes.append("request longer than the window: compressed without the vote")
+                store.log_event(session, "window_guard", {"old_tokens": old_tokens})
+            if vote is None and not over_window:
                 notes.append("no vote captured (probe failure): compression skipped")
                 store.log_event(session, "probe_missing", {"old_tokens": old_tokens})
-            elif vote.compress:
+            elif over_window or vote.compress:
                 decision, still_live = await self._compress(
                     request, context, prefix, old, recent, original, old_tokens, notes, shown
                 )
@@ -453,6 +473,17 @@ class Pamer(MemoryPolicy):
             )
         # Without memories no block is covered, so C_eff is the request itself.
         return PolicyDecision(original, "none", "; ".join(notes))
+
+    def _over_window(self, services, messages: list[Message], tools: list[dict] | None) -> bool:
+        """``window_guard``: a request of these messages and tools would be
+        refused (its prompt alone reaches the window the services report;
+        window unknown: never)."""
+        window = getattr(services, "max_model_len", None)
+        if not (self.config.window_guard and window):
+            return False
+        prompt_tokens = getattr(services, "prompt_tokens", None)
+        tokens = prompt_tokens(messages, tools) if prompt_tokens else services.count_tokens(messages)
+        return tokens >= window
 
     def _captured_query(self, request: PolicyRequest, services, memories: list[Memory]) -> np.ndarray | None:
         """The deferred query (``query_source="captured"``) when it can stand in

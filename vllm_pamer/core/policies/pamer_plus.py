@@ -132,6 +132,8 @@ class PamerPlus(Pamer):
         if len(decision.messages) > at and str(decision.messages[at].get("content", "")).startswith(MEMORY_HEADER):
             at += 1  # right after the recalled summaries
         messages = decision.messages[:at] + [evidence] + decision.messages[at:]
+        if self._over_window(context.services, messages, request.tools):  # the engine would refuse it
+            return _note(decision, "step evidence left out: it would not fit the window")
         inserted = decision.tokens_inserted + context.services.count_tokens([evidence])
         return msgspec.structs.replace(
             decision, messages=messages, detail=decision.detail + "; step evidence injected", tokens_inserted=inserted
