@@ -245,11 +245,17 @@ def recency_frontier(
     ]
 
 
+def recency_curve(points: Sequence[FrontierPoint]) -> list[tuple[float, float]]:
+    """The frontier as (chars share, evidence availability) pairs, by chars
+    share, without points that measured nothing."""
+    return sorted({(p.chars_share, p.availability) for p in points if not math.isnan(p.chars_share)})
+
+
 def recency_at(points: Sequence[FrontierPoint], chars_share: float) -> float | None:
     """The evidence availability ``recent_k`` keeps at this character share,
     linear between the neighbouring k of ``points`` (which grow with k). None
     below the smallest k's share, where recency has no point to compare."""
-    curve = sorted((p.chars_share, p.availability) for p in points if not math.isnan(p.chars_share))
+    curve = recency_curve(points)
     if not curve or chars_share < curve[0][0]:
         return None
     for (x0, y0), (x1, y1) in zip(curve, curve[1:]):

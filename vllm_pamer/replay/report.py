@@ -54,7 +54,7 @@ from typing import Any
 import msgspec
 
 from vllm_pamer.replay import prometheus
-from vllm_pamer.replay.evidence import FrontierPoint, recency_at, recency_frontier
+from vllm_pamer.replay.evidence import FrontierPoint, recency_at, recency_curve, recency_frontier
 from vllm_pamer.replay.records import RunSummary, StepRecord, write_records, write_runs
 
 BASELINE = "none"
@@ -296,6 +296,15 @@ def _styles(n: int) -> list[dict]:
     return [{"color": colours[i % len(colours)]} for i in range(n)]
 
 
+def _scatter_policies(axes, points: Sequence[tuple[str, float, float]]) -> None:
+    """One marker per (policy, x, evidence share), evidence drawn in percent,
+    above any line on the axes."""
+    markers = "osD^vP*Xh<>p"
+    for i, ((policy, x, evidence), style) in enumerate(zip(points, _styles(len(points)))):
+        axes.scatter(x, 100 * evidence, s=40, color=style["color"], marker=markers[i % len(markers)], label=policy,
+                     zorder=3)
+
+
 def plot_context_per_turn(records: Sequence[StepRecord], path: str | Path, label: str = "") -> bool:
     """The paper's Figure 3 for this replay: mean context per turn, one line per
     policy. False (nothing written) without matplotlib or data."""
@@ -321,17 +330,14 @@ def plot_evidence_vs_chars(rows: Sequence[PolicyRow], frontier: Sequence[Frontie
     written) without matplotlib, rows or frontier."""
     points = [(r.policy, r.chars_share, r.evidence_availability) for r in rows
               if r.chars_share is not None and r.evidence_availability is not None]
-    curve = sorted({(p.chars_share, p.availability) for p in frontier if not math.isnan(p.chars_share)})
+    curve = recency_curve(frontier)
     plt = _pyplot()
     if plt is None or not points or not curve:
         return False
     figure, axes = plt.subplots(figsize=(8.5, 4.5))
     axes.plot([100 * x for x, _ in curve], [100 * y for _, y in curve], "--", color="grey", linewidth=1.2,
               label=f"recent_k, k = {min(p.k for p in frontier)}..{max(p.k for p in frontier)}")
-    markers = "osD^vP*Xh<>p"
-    for i, ((policy, chars, evidence), style) in enumerate(zip(points, _styles(len(points)))):
-        axes.scatter(100 * chars, 100 * evidence, s=40, color=style["color"], marker=markers[i % len(markers)],
-                     label=policy, zorder=3)
+    _scatter_policies(axes, [(policy, 100 * chars, evidence) for policy, chars, evidence in points])
     axes.set_xlabel("chars share (%): characters sent over the full history's")
     axes.set_ylabel("evidence availability (%)")
     axes.set_title("Evidence for the characters kept, against recency" + (f" ({label})" if label else ""))
@@ -349,9 +355,7 @@ def plot_cost_vs_evidence(rows: Sequence[PolicyRow], path: str | Path, label: st
     if plt is None or not points:
         return False
     figure, axes = plt.subplots(figsize=(8.5, 4.5))
-    markers = "osD^vP*Xh<>p"
-    for i, ((policy, cost, evidence), style) in enumerate(zip(points, _styles(len(points)))):
-        axes.scatter(cost, 100 * evidence, s=40, color=style["color"], marker=markers[i % len(markers)], label=policy)
+    _scatter_policies(axes, points)
     axes.set_xlabel("prefill tokens computed (prompt tokens not served from the prefix cache)")
     axes.set_ylabel("evidence availability (%)")
     axes.set_title("Cost and evidence per policy" + (f" ({label})" if label else ""))

@@ -420,16 +420,16 @@ class Pamer(MemoryPolicy):
         vote = request.previous_vote
         old_tokens = services.count_tokens(old_messages) if old else 0
         if old_tokens >= cfg.min_candidate_tokens:
+            voted = vote is not None and vote.compress
             live_messages = prefix + old_messages + recent_messages  # C_eff, what goes out without compression
-            over_window = (vote is None or not vote.compress) and self._over_window(services, live_messages,
-                                                                                     request.tools)
+            over_window = not voted and self._over_window(services, live_messages, request.tools)
             if over_window:
                 notes.append("request longer than the window: compressed without the vote")
                 store.log_event(session, "window_guard", {"old_tokens": old_tokens})
-            if vote is None and not over_window:
+            elif vote is None:
                 notes.append("no vote captured (probe failure): compression skipped")
                 store.log_event(session, "probe_missing", {"old_tokens": old_tokens})
-            elif over_window or vote.compress:
+            if voted or over_window:
                 decision, still_live = await self._compress(
                     request, context, prefix, old, recent, original, old_tokens, notes, shown
                 )
