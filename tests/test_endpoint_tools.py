@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from vllm_pamer.core.policies.sam import memory_tool
-from vllm_pamer.server.endpoint import PamerReport, _offered_tools
+from vllm_pamer.server.endpoint import PamerReport, PamerServer, _offered_tools, template_tools
 
 MEMORY = (memory_tool(5),)
 CLIENT = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
@@ -39,3 +41,54 @@ def test_never_shadows_a_client_tool_of_the_same_name():
     clash = [{"type": "function", "function": {"name": "memory", "parameters": {"type": "object"}}}]
     names, detail = offered({}, client_tools=clash)
     assert names == [] and "client has a tool of that name" in detail
+
+
+# A template that renders the tools, as Qwen's or Llama's do (SmolLM2's does not).
+TOOLS_TEMPLATE = (
+    "{% if tools %}<tools>{{ tools | tojson }}</tools>{% endif %}"
+    "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+
+def tools_server(tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    from vllm_pamer.channel import CaptureInbox
+    from vllm_pamer.server.engine_services import EngineServices
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    tokenizer.chat_template = TOOLS_TEMPLATE
+    return SimpleNamespace(services=EngineServices(None, tokenizer, CaptureInbox("ipc://unused"), 8192))
+
+
+def test_prompt_token_counts_include_the_tools_the_engine_renders(tokenizer_dir):
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+    server = tools_server(tokenizer_dir)
+    messages = [{"role": "user", "content": "find order 42"}]
+    tools = CLIENT + [dict(t) for t in MEMORY]
+    request = ChatCompletionRequest.model_validate({"model": "m", "messages": messages, "tools": tools})
+    rendered = template_tools(request, exclude_when_choice_none=False)
+    assert [t["function"]["name"] for t in rendered] == ["lookup", "memory"]
+
+    def count(tools):
+        return PamerServer.count_prompt_tokens(server, messages, None, tools)
+
+    bare, client_only, both = count(None), count(rendered[:1]), count(rendered)
+    assert bare < client_only < both  # each tool's schema is part of the prompt
+    tokenizer = server.services.tokenizer
+    text = tokenizer.apply_chat_template(messages, tools=rendered, tokenize=False, add_generation_prompt=True)
+    assert '"name": "memory"' in text
+    assert both == len(tokenizer.encode(text, add_special_tokens=False))
+
+
+@pytest.mark.parametrize("exclude, want", [(False, ["lookup"]), (True, None)])
+def test_template_tools_follow_the_servers_tool_choice_none_rule(exclude, want):
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+    request = ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": CLIENT, "tool_choice": "none"}
+    )
+    tools = template_tools(request, exclude_when_choice_none=exclude)
+    assert (tools and [t["function"]["name"] for t in tools]) == want

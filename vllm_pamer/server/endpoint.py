@@ -142,10 +142,13 @@ class PamerServer:
                     logger.exception("policy %s failed to act on a vote", policy.name)
         return record
 
-    def count_prompt_tokens(self, messages: list[dict], template_kwargs: dict | None = None) -> int | None:
-        """Prompt tokens of a chat request, as the engine will count them."""
+    def count_prompt_tokens(
+        self, messages: list[dict], template_kwargs: dict | None = None, tools: list[dict] | None = None
+    ) -> int | None:
+        """Prompt tokens of a chat request, as the engine will count them:
+        ``tools`` as vLLM hands them to the template (``template_tools``)."""
         try:
-            return len(self.services.chat_ids(messages, **(template_kwargs or {})))
+            return len(self.services.chat_ids(messages, **{**(template_kwargs or {}), "tools": tools or None}))
         except Exception:
             logger.debug("token count failed", exc_info=True)
             return None
@@ -202,16 +205,7 @@ async def _handle_chat(body: dict, raw_request: Request):
         recalled=list(outcome.recalled) if outcome.recalled is not None else None,
         messages_sent=outcome.messages if echo else None,
     )
-    template_kwargs = body.get("chat_template_kwargs") if isinstance(body.get("chat_template_kwargs"), dict) else None
-    report.prompt_tokens_out = await asyncio.to_thread(server.count_prompt_tokens, sent, template_kwargs)
-    report.prompt_tokens_in = (
-        await asyncio.to_thread(server.count_prompt_tokens, server.render(messages), template_kwargs)
-        if rewritten
-        else report.prompt_tokens_out
-    )
     metrics.REQUESTS.labels(policy.name, metrics.action_label(outcome.action)).inc()
-    if rewritten and report.prompt_tokens_in and report.prompt_tokens_out:
-        metrics.PROMPT_TOKENS_REMOVED.inc(max(0, report.prompt_tokens_in - report.prompt_tokens_out))
     metrics.TOKENS_INSERTED.inc(outcome.tokens_inserted)
 
     capture_key = uuid.uuid4().hex
@@ -229,6 +223,20 @@ async def _handle_chat(body: dict, raw_request: Request):
         request = ChatCompletionRequest.model_validate(body)
     except ValidationError as exc:
         return error_response(400, f"invalid chat completion request: {exc}")
+    # Counted on the validated request: its tools (the policy's own
+    # appended after the client's) render as the engine renders them.
+    template_kwargs = body.get("chat_template_kwargs") if isinstance(body.get("chat_template_kwargs"), dict) else None
+    tools_out = template_tools(request, getattr(server.args, "exclude_tools_when_tool_choice_none", False))
+    tools_in = tools_out[: len(client_tools)] if tools_out else None
+    report.prompt_tokens_out = await asyncio.to_thread(server.count_prompt_tokens, sent, template_kwargs, tools_out)
+    if rewritten or own_tools:
+        report.prompt_tokens_in = await asyncio.to_thread(
+            server.count_prompt_tokens, server.render(messages), template_kwargs, tools_in
+        )
+    else:
+        report.prompt_tokens_in = report.prompt_tokens_out
+    if rewritten and report.prompt_tokens_in and report.prompt_tokens_out:
+        metrics.PROMPT_TOKENS_REMOVED.inc(max(0, report.prompt_tokens_in - report.prompt_tokens_out))
 
     handler = raw_request.app.state.openai_serving_chat
     if handler is None:
@@ -292,6 +300,15 @@ async def _handle_chat(body: dict, raw_request: Request):
             yield chunk
 
     return StreamingResponse(stream(), media_type="text/event-stream")
+
+
+def template_tools(request: ChatCompletionRequest, exclude_when_choice_none: bool) -> list[dict] | None:
+    """The request's tools as vLLM's renderer passes them to the chat template
+    (``OnlineRenderer``: none when ``tool_choice`` is "none" and the server runs
+    with ``--exclude-tools-when-tool-choice-none``)."""
+    if request.tools is None or (request.tool_choice == "none" and exclude_when_choice_none):
+        return None
+    return [tool.model_dump() for tool in request.tools]
 
 
 def _offered_tools(extra_tools, body: dict, client_tools: list, report: PamerReport, auto_tools: bool) -> list[dict]:
