@@ -102,6 +102,23 @@ def load_plans(args: argparse.Namespace) -> tuple[list[TrajectoryPlan], list[Tra
     return chosen[0], chosen[1]
 
 
+def start_server(heads: str, options: dict, serve_args: str, kv_cache_gib: float | None, log: Path) -> ServerProcess:
+    """The benchmark's ``vllm-pamer serve`` (not waited for): every policy
+    selectable per request, a fresh memory store beside ``log``."""
+    serve = ["--pamer-policy", "none", "--pamer-heads", str(heads), "--pamer-options-by-policy",
+             json.dumps(options), *serve_args.split()]
+    if kv_cache_gib is not None:
+        serve += ["--kv-cache-memory-bytes", str(int(kv_cache_gib * 2**30))]
+    # dev mode serves POST /reset_prefix_cache: each run starts from an empty
+    # prefix cache, so "prefill computed" compares across policies
+    env = {"PAMER_STORE": str(log.parent / "memory.sqlite3"), "VLLM_SERVER_DEV_MODE": "1"}
+    # vLLM's CPU engine keeps a core for its scheduler unless told not to:
+    # on 2 cores, letting it use both ran this replay 1.3x faster (measured)
+    if "VLLM_CPU_NUM_OF_RESERVED_CPU" not in os.environ:
+        env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+    return ServerProcess(serve, free_port(), log, env=env)
+
+
 def make_groups(tau: list[TrajectoryPlan], swe: list[TrajectoryPlan], tau_size: int,
                 swe_size: int) -> list[tuple[str, list[TrajectoryPlan]]]:
     """Named groups of plans, tau and swe interleaved (a swe group first, then
@@ -337,18 +354,7 @@ def main() -> None:
     commits = check_settings(out, {**fixed, "heads": Path(heads).name}, running=not args.report_only)
     if not args.report_only:
         log = Path(tempfile.mkdtemp(prefix="policies-")) / "server.log"
-        serve = ["--pamer-policy", "none", "--pamer-heads", str(heads), "--pamer-options-by-policy",
-                 json.dumps(options), *args.serve_args.split()]
-        if args.kv_cache_gib is not None:
-            serve += ["--kv-cache-memory-bytes", str(int(args.kv_cache_gib * 2**30))]
-        # dev mode serves POST /reset_prefix_cache: each run starts from an empty
-        # prefix cache, so "prefill computed" compares across policies
-        env = {"PAMER_STORE": str(log.parent / "memory.sqlite3"), "VLLM_SERVER_DEV_MODE": "1"}
-        # vLLM's CPU engine keeps a core for its scheduler unless told not to:
-        # on 2 cores, letting it use both ran this replay 1.3x faster (measured)
-        if "VLLM_CPU_NUM_OF_RESERVED_CPU" not in os.environ:
-            env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
-        server = ServerProcess(serve, free_port(), log, env=env)
+        server = start_server(heads, options, args.serve_args, args.kv_cache_gib, log)
         try:
             server.wait_ready(timeout=900)
             note_kv_budget(out, Path(log).read_text(errors="replace"))

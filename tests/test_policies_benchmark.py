@@ -95,3 +95,10 @@ def test_against_another_run_compares_the_groups_both_finished(tmp_path):
     # 1 request in 12 s here against 6 s there: 5.00 against 10.00 steps / min
     assert "| none | 100 | - | - | 5.00 | 10.00 | 0.50 | 60 | 60 | - |" in text
     assert bench.against_section(here, tmp_path / "empty", groups, ["none"]) == ""
+
+
+def test_kv_budget_rounds_alternate_abba():
+    from benchmarks.kv_budget import abba
+
+    assert abba(1) == [0, 1]
+    assert abba(3) == [0, 1, 1, 0, 0, 1]  # each side 3 times, a linear drift shared

@@ -1,0 +1,125 @@
+"""What a small KV-cache budget costs, per policy: the same replay on (a) a
+server with the default KV cache and (b) one with ``--small-kv-gib``, in
+interleaved rounds a b b a (a linear drift of the machine cancels), each on a
+freshly started server with the same flags. Prints each round, then per policy
+the median steps / min of each side and the ratio b/a, with the prefill
+computed, peak KV use and preemptions that explain it.
+
+    .venv/bin/python benchmarks/kv_budget.py                           # 2 rounds, mini-swe, none + pamer
+    .venv/bin/python benchmarks/kv_budget.py --rounds 2 --swe 4 --concurrency 4 --small-kv-gib 0.5
+
+Workload: the first ``--swe`` mini-swe trajectories (``../shared`` data where it
+exists, else the shipped sample), at most ``--max-steps`` requests each,
+``--concurrency`` sessions at a time, as ``benchmarks/policies.py`` replays
+them (prefix cache emptied before each policy). Long mini-swe contexts with
+several sessions at a time are what a small budget cannot hold at once; a
+policy that keeps contexts short should lose less. On a 2-core CPU the engine
+is compute-bound, so this mostly shows the recomputed prefill; the question it
+is built for (do shorter contexts buy throughput when KV memory binds) is a
+GPU one, where the same command runs unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import msgspec
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.policies import DATA, KV_TOKENS_RE, policy_options, start_server  # noqa: E402
+from vllm_pamer.default_model import ensure_default_model, shipped_heads  # noqa: E402
+from vllm_pamer.replay.client import ReplaySettings, connect, plan_replay, replay_policy  # noqa: E402
+from vllm_pamer.replay.report import PolicyRow, fmt, summarize  # noqa: E402
+from vllm_pamer.trajectories import load_trajectories  # noqa: E402
+
+SIDES = ("a: default KV", "b: small KV")
+
+
+async def one_round(url: str, policies: list[str], plans, args) -> dict[str, PolicyRow]:
+    settings = ReplaySettings(url=url, max_tokens=args.max_tokens, concurrency=args.concurrency,
+                              reset_prefix_cache=True, progress=False)
+    rows = {}
+    async with connect(settings) as (client, model):
+        warm_up = [msgspec.structs.replace(plans[0], steps=plans[0].steps[:1])]  # a fresh server's first request is slow
+        await replay_policy(client, settings, model, "none", warm_up)
+        for policy in policies:
+            records, run = await replay_policy(client, settings, model, policy, plans)
+            rows[policy] = summarize(records, [run])[0]
+    return rows
+
+
+def abba(rounds: int) -> list[int]:
+    """Side indices a b b a a b b a ...: each side runs ``rounds`` times, and a
+    drift linear in time falls on both sides alike."""
+    return [side for r in range(rounds) for side in ((0, 1) if r % 2 == 0 else (1, 0))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--policies", default="none,pamer")
+    parser.add_argument("--rounds", type=int, default=2, help="runs of each side (default %(default)s)")
+    parser.add_argument("--swe", type=int, default=2, help="first N mini-swe trajectories")
+    parser.add_argument("--max-steps", type=int, default=20, help="first N requests of each trajectory")
+    parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--summary-tokens", type=int, default=96, help="summary / cue / recall length")
+    parser.add_argument("--small-kv-gib", type=float, default=0.25,
+                        help="side b's KV cache (vLLM's --kv-cache-memory-bytes); it must hold one "
+                             "--max-model-len request (0.25 GiB: 11.6k tokens of the default model)")
+    parser.add_argument("--serve-args", default="--enforce-eager --enable-prompt-tokens-details")
+    args = parser.parse_args()
+
+    ensure_default_model(quiet=True)
+    heads = shipped_heads()
+    if heads is None:
+        sys.exit("no heads: ship trained heads (vllm-pamer train)")
+    policies = [p for p in args.policies.split(",") if p]
+    path = DATA / "mini_swe.jsonl.gz"
+    plans = plan_replay(load_trajectories(path if path.exists() else None, kind="swe")[: args.swe], args.max_steps)
+    requests = sum(len(p.steps) for p in plans)
+    budgets = (None, args.small_kv_gib)
+    results: dict[str, list[list[PolicyRow]]] = {p: [[], []] for p in policies}
+    kv_tokens: list[set[str]] = [set(), set()]  # as each server reported its budget
+    logs = Path(tempfile.mkdtemp(prefix="kv-budget-"))
+    for index, side in enumerate(tqdm(abba(args.rounds), desc="A/B rounds")):
+        log = logs / f"{index}" / "server.log"
+        log.parent.mkdir()
+        server = start_server(heads, policy_options(args.summary_tokens), args.serve_args, budgets[side], log)
+        try:
+            server.wait_ready(timeout=900, progress=False)
+            kv_tokens[side].update(KV_TOKENS_RE.findall(log.read_text(errors="replace")))
+            rows = asyncio.run(one_round(server.base_url, policies, plans, args))
+        finally:
+            server.stop()
+        for policy, row in rows.items():
+            results[policy][side].append(row)
+            tqdm.write(f"round {index + 1} {SIDES[side]} {policy}: {row.answered}/{row.requests} answered, "
+                       f"{fmt(row.steps_per_min, 'rate')} steps/min, prefill computed {fmt(row.prefill_computed)}, "
+                       f"peak KV {fmt(row.peak_kv_usage, 'pct')}, preemptions {fmt(row.preemptions)}")
+
+    print("\n| policy | steps / min, a | steps / min, b | b/a (median of rounds) | b/a per round pair "
+          "| prefill computed, a | prefill computed, b | peak KV, b | preemptions, b |")
+    print("|" + "---|" * 9)
+    for policy, (a, b) in results.items():
+        rate_a = statistics.median(r.steps_per_min for r in a)
+        rate_b = statistics.median(r.steps_per_min for r in b)
+        pairs = ", ".join(f"{rb.steps_per_min / ra.steps_per_min:.3f}" for ra, rb in zip(a, b))
+        cells = [policy, fmt(rate_a, "rate"), fmt(rate_b, "rate"), f"{rate_b / rate_a:.3f}", pairs,
+                 fmt(statistics.median(r.prefill_computed or 0 for r in a)),
+                 fmt(statistics.median(r.prefill_computed or 0 for r in b)),
+                 fmt(max(r.peak_kv_usage or 0 for r in b), "pct"), fmt(max(r.preemptions or 0 for r in b))]
+        print("| " + " | ".join(cells) + " |")
+    print(f"\nworkload: {len(plans)} mini-swe trajectories, {requests} requests, concurrency {args.concurrency}, "
+          f"max_tokens {args.max_tokens}; KV cache a: {'/'.join(sorted(kv_tokens[0])) or '?'} tokens, "
+          f"b ({args.small_kv_gib} GiB): {'/'.join(sorted(kv_tokens[1])) or '?'} tokens; server logs in {logs}")
+
+
+if __name__ == "__main__":
+    main()
