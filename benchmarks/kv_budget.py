@@ -25,14 +25,13 @@ import argparse
 import asyncio
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 import msgspec
-from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.ab_rounds import interleaved_rounds  # noqa: E402
 from benchmarks.policies import DATA, KV_TOKENS_RE, policy_options, start_server  # noqa: E402
 from vllm_pamer.default_model import ensure_default_model, shipped_heads  # noqa: E402
 from vllm_pamer.replay.client import ReplaySettings, connect, plan_replay, replay_policy  # noqa: E402
@@ -53,12 +52,6 @@ async def one_round(url: str, policies: list[str], plans, args) -> dict[str, Pol
             records, run = await replay_policy(client, settings, model, policy, plans)
             rows[policy] = summarize(records, [run])[0]
     return rows
-
-
-def abba(rounds: int) -> list[int]:
-    """Side indices a b b a a b b a ...: each side runs ``rounds`` times, and a
-    drift linear in time falls on both sides alike."""
-    return [side for r in range(rounds) for side in ((0, 1) if r % 2 == 0 else (1, 0))]
 
 
 def main() -> None:
@@ -85,24 +78,23 @@ def main() -> None:
     plans = plan_replay(load_trajectories(path if path.exists() else None, kind="swe")[: args.swe], args.max_steps)
     requests = sum(len(p.steps) for p in plans)
     budgets = (None, args.small_kv_gib)
-    results: dict[str, list[list[PolicyRow]]] = {p: [[], []] for p in policies}
     kv_tokens: list[set[str]] = [set(), set()]  # as each server reported its budget
-    logs = Path(tempfile.mkdtemp(prefix="kv-budget-"))
-    for index, side in enumerate(tqdm(abba(args.rounds), desc="A/B rounds")):
-        log = logs / f"{index}" / "server.log"
-        log.parent.mkdir()
-        server = start_server(heads, policy_options(args.summary_tokens), args.serve_args, budgets[side], log)
-        try:
-            server.wait_ready(timeout=900, progress=False)
-            kv_tokens[side].update(KV_TOKENS_RE.findall(log.read_text(errors="replace")))
-            rows = asyncio.run(one_round(server.base_url, policies, plans, args))
-        finally:
-            server.stop()
-        for policy, row in rows.items():
-            results[policy][side].append(row)
-            tqdm.write(f"round {index + 1} {SIDES[side]} {policy}: {row.answered}/{row.requests} answered, "
-                       f"{fmt(row.steps_per_min, 'rate')} steps/min, prefill computed {fmt(row.prefill_computed)}, "
-                       f"peak KV {fmt(row.peak_kv_usage, 'pct')}, preemptions {fmt(row.preemptions)}")
+
+    def start(side: int, log: Path):
+        return start_server(heads, policy_options(args.summary_tokens), args.serve_args, budgets[side], log)
+
+    def measure(side: int, server) -> dict[str, PolicyRow]:
+        kv_tokens[side].update(KV_TOKENS_RE.findall(server.log_path.read_text(errors="replace")))
+        return asyncio.run(one_round(server.base_url, policies, plans, args))
+
+    def describe(side: int, rows: dict[str, PolicyRow]) -> str:
+        return SIDES[side] + "".join(
+            f"\n  {policy}: {row.answered}/{row.requests} answered, {fmt(row.steps_per_min, 'rate')} steps/min, "
+            f"prefill computed {fmt(row.prefill_computed)}, peak KV {fmt(row.peak_kv_usage, 'pct')}, "
+            f"preemptions {fmt(row.preemptions)}" for policy, row in rows.items())
+
+    by_side, logs = interleaved_rounds(args.rounds, start, measure, describe, "kv-budget-")
+    results = {p: [[rows[p] for rows in by_side[0]], [rows[p] for rows in by_side[1]]] for p in policies}
 
     print("\n| policy | steps / min, a | steps / min, b | b/a (median of rounds) | b/a per round pair "
           "| prefill computed, a | prefill computed, b | peak KV, b | preemptions, b |")

@@ -1,8 +1,8 @@
 """Serving overhead of the plugin: the same replay against (a) plain vLLM
 without the plugin (``vllm-pamer serve --pamer-off``) and (b) the plugin with
 capture and the five-head vote on and policy ``none``, in interleaved A/B
-rounds (a, b, a, b, ...), each round on a freshly started server with the same
-flags. Prints each round and the throughput ratio b/a.
+rounds (a b b a, so a linear drift of the machine cancels), each round on a
+freshly started server with the same flags. Prints each round and the throughput ratio b/a.
 
     .venv/bin/python benchmarks/overhead.py                      # 2 rounds, 4 trajectories
     .venv/bin/python benchmarks/overhead.py --rounds 3 --trajectories 8 --concurrency 4
@@ -20,15 +20,14 @@ import argparse
 import asyncio
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import httpx
-from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.ab_rounds import interleaved_rounds  # noqa: E402
 from vllm_pamer.default_model import DEFAULT_MODEL_NAME, ensure_default_model, shipped_heads  # noqa: E402
 from vllm_pamer.demo import ServerProcess, ensure_demo_heads  # noqa: E402
 from vllm_pamer.trajectories import agent_requests, load_trajectories  # noqa: E402
@@ -59,7 +58,7 @@ async def workload(url: str, sessions: list[list[list[dict]]], concurrency: int,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=2, help="A/B pairs (default 2)")
+    parser.add_argument("--rounds", type=int, default=2, help="runs of each side (default %(default)s)")
     parser.add_argument("--trajectories", type=int, default=4)
     parser.add_argument("--steps", type=int, default=8, help="requests per trajectory")
     parser.add_argument("--concurrency", type=int, default=2)
@@ -71,24 +70,25 @@ def main() -> None:
     heads = shipped_heads() or ensure_demo_heads(model_dir)
     trajectories = load_trajectories(kind="tau")[: args.trajectories]
     sessions = [[h for _, h in agent_requests(t["messages"])][: args.steps] for t in trajectories]
-    configs = {
-        "a: plain vLLM": ["--pamer-off"],
-        "b: plugin, capture + vote, policy none": ["--pamer-policy", "none", "--pamer-heads", str(heads)],
-    }
-    results: dict[str, list[tuple[float, int, int]]] = {name: [] for name in configs}
-    logs = Path(tempfile.mkdtemp(prefix="overhead-"))
-    order = [name for _ in range(args.rounds) for name in configs]
-    for index, name in enumerate(tqdm(order, desc="A/B rounds")):
-        server = ServerProcess([*configs[name], *args.serve_args.split()], free_port(), logs / f"{index}.log")
-        try:
-            server.wait_ready(timeout=900, progress=False)
-            asyncio.run(workload(server.base_url, sessions[:1], 1, args.max_tokens))  # warm-up
-            seconds, requests, prompt = asyncio.run(workload(server.base_url, sessions, args.concurrency, args.max_tokens))
-        finally:
-            server.stop()
-        results[name].append((seconds, requests, prompt))
-        tqdm.write(f"round {index // 2 + 1} {name}: {requests} requests in {seconds:.2f} s "
-                   f"({requests / seconds:.3f} req/s, {prompt / seconds:.0f} prompt tok/s)")
+    sides = (
+        ("a: plain vLLM", ["--pamer-off"]),
+        ("b: plugin, capture + vote, policy none", ["--pamer-policy", "none", "--pamer-heads", str(heads)]),
+    )
+
+    def start(side: int, log: Path) -> ServerProcess:
+        return ServerProcess([*sides[side][1], *args.serve_args.split()], free_port(), log)
+
+    def measure(side: int, server: ServerProcess) -> tuple[float, int, int]:
+        asyncio.run(workload(server.base_url, sessions[:1], 1, args.max_tokens))  # warm-up
+        return asyncio.run(workload(server.base_url, sessions, args.concurrency, args.max_tokens))
+
+    def describe(side: int, result: tuple[float, int, int]) -> str:
+        seconds, requests, prompt = result
+        return (f"{sides[side][0]}: {requests} requests in {seconds:.2f} s "
+                f"({requests / seconds:.3f} req/s, {prompt / seconds:.0f} prompt tok/s)")
+
+    by_side, logs = interleaved_rounds(args.rounds, start, measure, describe, "overhead-")
+    results = {name: by_side[side] for side, (name, _) in enumerate(sides)}
 
     print(f"\n| server | rounds | req/s (median) | prompt tok/s (median) |\n|---|---|---|---|")
     rates = {}
