@@ -1,8 +1,9 @@
-"""How long one token count of a request's history takes: what a policy pays
-each time it asks ``EngineServices.prompt_tokens`` (the served chat template
-and tokenizer over the whole history, tools included), e.g. PaMER's window
-guard. The policies run on the API server's event loop, so this is time the
-loop is blocked. Prints the median, p90 and max per request kind.
+"""How long one token count of a request's history takes: one pass of the
+served chat template and tokenizer over the whole history, tools included
+(``EngineServices.prompt_tokens``). A policy that counts a whole history, e.g.
+SAM's trigger, pays this on the API server's event loop, where the policies
+run; the server's own count of each request (which PaMER's window guard reuses)
+runs in a worker thread. Prints the median, p90 and max per request kind.
 
     .venv/bin/python benchmarks/token_counts.py                 # 6 trajectories per kind, 30 requests each
 

@@ -69,7 +69,7 @@ def test_prompt_token_counts_include_the_tools_the_engine_renders(tokenizer_dir)
     messages = [{"role": "user", "content": "find order 42"}]
     tools = CLIENT + [dict(t) for t in MEMORY]
     request = ChatCompletionRequest.model_validate({"model": "m", "messages": messages, "tools": tools})
-    rendered = template_tools(request, exclude_when_choice_none=False)
+    rendered = template_tools(request.tools, request.tool_choice, exclude_when_choice_none=False)
     assert [t["function"]["name"] for t in rendered] == ["lookup", "memory"]
 
     def count(tools):
@@ -81,6 +81,8 @@ def test_prompt_token_counts_include_the_tools_the_engine_renders(tokenizer_dir)
     text = tokenizer.apply_chat_template(messages, tools=rendered, tokenize=False, add_generation_prompt=True)
     assert '"name": "memory"' in text
     assert both == len(tokenizer.encode(text, add_special_tokens=False))
+    # the policies' window guard counts the same request the same way
+    assert server.services.prompt_tokens(messages, rendered) == both
 
 
 @pytest.mark.parametrize("exclude, want", [(False, ["lookup"]), (True, None)])
@@ -90,5 +92,5 @@ def test_template_tools_follow_the_servers_tool_choice_none_rule(exclude, want):
     request = ChatCompletionRequest.model_validate(
         {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": CLIENT, "tool_choice": "none"}
     )
-    tools = template_tools(request, exclude_when_choice_none=exclude)
+    tools = template_tools(request.tools, request.tool_choice, exclude_when_choice_none=exclude)
     assert (tools and [t["function"]["name"] for t in tools]) == want

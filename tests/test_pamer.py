@@ -147,6 +147,36 @@ def test_window_guard_counts_the_tools_and_can_be_turned_off(store):
     assert off.action == "none" and "compression skipped" in off.detail and store.load("s2").memories == []
 
 
+class CountingWindowServices(WindowServices):
+    def __init__(self, window, **kwargs):
+        super().__init__(window, **kwargs)
+        self.whole_counts = 0
+
+    def prompt_tokens(self, messages, tools=None):
+        self.whole_counts += 1
+        return super().prompt_tokens(messages, tools)
+
+
+def test_window_guard_trusts_the_servers_count_below_the_window(store):
+    """The server counts the request as received off its event loop; the
+    messages the guard checks are a subset, so a count below the window needs
+    no second whole-history count."""
+    messages = conversation(8)
+    policy = create_policy("pamer", {})
+    services = CountingWindowServices(2_100)
+    below = asyncio.run(rewrite_request(messages, "s1", policy, KEEP, PamerContext(store, services),
+                                        prompt_tokens=2_099))
+    assert below.action == "none" and services.whole_counts == 0
+    # at the window the guard counts what would go out itself: it fits (no
+    # memory covers a block yet, so that is the request, about 2,000 tokens)
+    at = asyncio.run(rewrite_request(messages, "s1", policy, KEEP, PamerContext(store, services),
+                                     prompt_tokens=2_100))
+    assert at.action == "none" and services.whole_counts == 1
+    over = asyncio.run(rewrite_request(messages, "s1", policy, KEEP, PamerContext(store, CountingWindowServices(1_800)),
+                                       prompt_tokens=2_100))
+    assert over.action == "compressed"
+
+
 def test_window_guard_failure_still_removes_nothing(store):
     messages = conversation(8)
     outcome = run(messages, store, WindowServices(1_800, summary_error=RuntimeError("engine error")), None,

@@ -45,6 +45,7 @@ async def rewrite_request(
     memory: Any = None,
     previous_state: Any = None,
     tools: list[dict] | None = None,
+    prompt_tokens: int | None = None,
 ) -> RewriteOutcome:
     if not session_id:
         return _fallback(messages, "missing_session_id")
@@ -52,7 +53,7 @@ async def rewrite_request(
     if issues:
         first = issues[0]
         return _fallback(messages, "unsafe_tool_protocol", f"{first.rule} at message {first.index}: {first.detail}")
-    request = PolicyRequest(session_id, split_conversation(messages), previous_vote, memory, previous_state, tools)
+    request = PolicyRequest(session_id, split_conversation(messages), previous_vote, memory, previous_state, tools, prompt_tokens)
     try:
         decision: PolicyDecision = await policy.rewrite(request)
     except Exception as exc:  # a failed memory operation never removes history

@@ -23,8 +23,8 @@ from typing import Any
 import msgspec
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import ValidationError
-from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+from pydantic import TypeAdapter, ValidationError
+from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest, ChatCompletionToolsParam
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 from vllm.entrypoints.serve.utils.api_utils import with_cancellation
 
@@ -50,6 +50,7 @@ ECHO_HEADER = "x-pamer-echo"
 REWRITING_ACTIONS = ("rewritten", "compressed", "recalled")
 MAX_OWN_TOOL_ROUNDS = 3  # memory-tool calls answered per request before the answer goes back
 CAPTURE_LIFETIME_S = 3600.0  # a request may wait long in the queue before its prefill
+_CLIENT_TOOLS = TypeAdapter(list[ChatCompletionToolsParam])
 
 
 def error_response(status: int, message: str, err_type: str = "BadRequestError") -> JSONResponse:
@@ -148,7 +149,7 @@ class PamerServer:
         """Prompt tokens of a chat request, as the engine will count them:
         ``tools`` as vLLM hands them to the template (``template_tools``)."""
         try:
-            return len(self.services.chat_ids(messages, **{**(template_kwargs or {}), "tools": tools or None}))
+            return self.services.request_tokens(messages, tools, template_kwargs)
         except Exception:
             logger.debug("token count failed", exc_info=True)
             return None
@@ -190,10 +191,24 @@ async def _handle_chat(body: dict, raw_request: Request):
     except (UnknownPolicy, ValueError) as exc:
         return error_response(400, str(exc))
 
+    exclude_tools = bool(getattr(server.args, "exclude_tools_when_tool_choice_none", False))
+    try:
+        # Checked before any memory operation; the policy's window guard
+        # counts them as the engine will render them.
+        client_tools = _CLIENT_TOOLS.validate_python(body.get("tools") or [])
+    except ValidationError as exc:
+        return error_response(400, f"invalid tools: {exc}")
+    template_kwargs = body.get("chat_template_kwargs") if isinstance(body.get("chat_template_kwargs"), dict) else None
+    tools_in = template_tools(client_tools, body.get("tool_choice"), exclude_tools)
+    # Counted off the event loop, before the policy runs: its window guard
+    # needs no count of its own while the request fits.
+    prompt_tokens_in = await asyncio.to_thread(
+        server.count_prompt_tokens, server.render(messages), template_kwargs, tools_in
+    )
     session = server.sessions.touch(session_id) if session_id else None
     outcome: RewriteOutcome = await rewrite_request(
         messages, session_id, policy, session.last_vote if session else None, server.memory,
-        session.state() if session else None, body.get("tools") if isinstance(body.get("tools"), list) else None,
+        session.state() if session else None, tools_in, prompt_tokens_in,
     )
     rewritten = outcome.action in REWRITING_ACTIONS
     sent = server.render(outcome.messages)
@@ -212,29 +227,24 @@ async def _handle_chat(body: dict, raw_request: Request):
     xargs = body.get("vllm_xargs") or {}
     if not isinstance(xargs, dict):
         return error_response(400, "vllm_xargs must be an object")
-    client_tools = body.get("tools") or []
     auto_tools = bool(getattr(server.args, "enable_auto_tool_choice", False))
-    own_tools = _offered_tools(outcome.extra_tools, body, client_tools, report, auto_tools)
+    own_tools = _offered_tools(outcome.extra_tools, body, body.get("tools") or [], report, auto_tools)
     if own_tools:
-        body["tools"] = list(client_tools) + own_tools
+        body["tools"] = list(body.get("tools") or []) + own_tools
     body["vllm_xargs"] = {**xargs, CAPTURE_KEY: capture_key, SESSION_KEY: session_id or ""}
     body["messages"] = sent
     try:
         request = ChatCompletionRequest.model_validate(body)
     except ValidationError as exc:
         return error_response(400, f"invalid chat completion request: {exc}")
-    # Counted on the validated request: its tools (the policy's own
-    # appended after the client's) render as the engine renders them.
-    template_kwargs = body.get("chat_template_kwargs") if isinstance(body.get("chat_template_kwargs"), dict) else None
-    tools_out = template_tools(request, getattr(server.args, "exclude_tools_when_tool_choice_none", False))
-    tools_in = tools_out[: len(client_tools)] if tools_out else None
-    report.prompt_tokens_out = await asyncio.to_thread(server.count_prompt_tokens, sent, template_kwargs, tools_out)
+    report.prompt_tokens_in = prompt_tokens_in
     if rewritten or own_tools:
-        report.prompt_tokens_in = await asyncio.to_thread(
-            server.count_prompt_tokens, server.render(messages), template_kwargs, tools_in
-        )
+        # Counted on the validated request: its tools (the policy's own
+        # appended after the client's) render as the engine renders them.
+        tools_out = template_tools(request.tools, request.tool_choice, exclude_tools)
+        report.prompt_tokens_out = await asyncio.to_thread(server.count_prompt_tokens, sent, template_kwargs, tools_out)
     else:
-        report.prompt_tokens_in = report.prompt_tokens_out
+        report.prompt_tokens_out = prompt_tokens_in
     if rewritten and report.prompt_tokens_in and report.prompt_tokens_out:
         metrics.PROMPT_TOKENS_REMOVED.inc(max(0, report.prompt_tokens_in - report.prompt_tokens_out))
 
@@ -302,13 +312,15 @@ async def _handle_chat(body: dict, raw_request: Request):
     return StreamingResponse(stream(), media_type="text/event-stream")
 
 
-def template_tools(request: ChatCompletionRequest, exclude_when_choice_none: bool) -> list[dict] | None:
-    """The request's tools as vLLM's renderer passes them to the chat template
+def template_tools(
+    tools: list[ChatCompletionToolsParam] | None, tool_choice: Any, exclude_when_choice_none: bool
+) -> list[dict] | None:
+    """A request's tools as vLLM's renderer passes them to the chat template
     (``OnlineRenderer``: none when ``tool_choice`` is "none" and the server runs
     with ``--exclude-tools-when-tool-choice-none``)."""
-    if request.tools is None or (request.tool_choice == "none" and exclude_when_choice_none):
+    if not tools or (tool_choice == "none" and exclude_when_choice_none):
         return None
-    return [tool.model_dump() for tool in request.tools]
+    return [tool.model_dump() for tool in tools]
 
 
 def _offered_tools(extra_tools, body: dict, client_tools: list, report: PamerReport, auto_tools: bool) -> list[dict]:

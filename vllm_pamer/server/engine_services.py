@@ -56,11 +56,19 @@ class EngineServices:
             ids = ids["input_ids"]
         return list(ids)
 
+    def request_tokens(self, messages: Sequence[dict], tools: list[dict] | None = None,
+                       template_kwargs: dict | None = None) -> int:
+        """Prompt tokens of a chat request as the engine counts them: these
+        messages (already rendered as the server sends them), the tools as
+        vLLM hands them to the template, the request's template kwargs.
+        Raises what the template raises."""
+        return len(self.chat_ids(messages, **{**(template_kwargs or {}), "tools": tools or None}))
+
     def prompt_tokens(self, messages: Sequence[dict], tools: list[dict] | None = None) -> int:
-        """Prompt tokens of a request of these messages and tools, rendered as
-        the server renders requests: what the engine checks against the window."""
+        """``request_tokens`` of an agent's messages, rendered here first: what
+        a policy's window guard checks against the window."""
         try:
-            return len(self.chat_ids(self.render(list(messages)), **({"tools": tools} if tools else {})))
+            return self.request_tokens(self.render(list(messages)), tools)
         except Exception:  # a template that refuses the tools or the messages
             return self.count_tokens(messages)
 

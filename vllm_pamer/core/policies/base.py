@@ -39,6 +39,10 @@ class PolicyRequest(msgspec.Struct, frozen=True):
     tools: list[dict] | None = None
     """The request's ``tools`` (templates that support them render them into
     the prompt, so they count toward the window)."""
+    prompt_tokens: int | None = None
+    """Prompt tokens of the request as received (messages and tools, as the
+    engine counts them), counted by the server off its event loop; None when
+    unknown. Any subset of its messages counts no more."""
 
 
 class PolicyDecision(msgspec.Struct, frozen=True):

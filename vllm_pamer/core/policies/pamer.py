@@ -422,7 +422,9 @@ class Pamer(MemoryPolicy):
         if old_tokens >= cfg.min_candidate_tokens:
             voted = vote is not None and vote.compress
             live_messages = prefix + old_messages + recent_messages  # C_eff, what goes out without compression
-            over_window = not voted and self._over_window(services, live_messages, request.tools)
+            over_window = not voted and self._over_window(
+                services, live_messages, request.tools, at_most=request.prompt_tokens
+            )
             if over_window:
                 notes.append("request longer than the window: compressed without the vote")
                 store.log_event(session, "window_guard", {"old_tokens": old_tokens})
@@ -474,12 +476,17 @@ class Pamer(MemoryPolicy):
         # Without memories no block is covered, so C_eff is the request itself.
         return PolicyDecision(original, "none", "; ".join(notes))
 
-    def _over_window(self, services, messages: list[Message], tools: list[dict] | None) -> bool:
+    def _over_window(self, services, messages: list[Message], tools: list[dict] | None,
+                     at_most: int | None = None) -> bool:
         """``window_guard``: a request of these messages and tools would be
         refused (its prompt alone reaches the window the services report;
-        window unknown: never)."""
+        window unknown: never). ``at_most``: a known upper bound of their
+        count (the request as received, of which they are a subset); below the
+        window it spares a whole-history count on the event loop."""
         window = getattr(services, "max_model_len", None)
         if not (self.config.window_guard and window):
+            return False
+        if at_most is not None and at_most < window:
             return False
         prompt_tokens = getattr(services, "prompt_tokens", None)
         tokens = prompt_tokens(messages, tools) if prompt_tokens else services.count_tokens(messages)
