@@ -51,5 +51,5 @@ def interleaved_rounds(
         finally:
             server.stop()
         results[side].append(result)
-        tqdm.write(f"round {index + 1} {'ab'[side]}: {describe(side, result)}")
+        tqdm.write(f"round {index + 1}: {describe(side, result)}")
     return results, logs
