@@ -147,10 +147,13 @@ def test_orphan_tool_result_falls_back_unchanged(client, trajectory):
         (json.dumps({"model": DEFAULT_MODEL_NAME, "messages": []}), "non-empty list"),
         (json.dumps({"model": DEFAULT_MODEL_NAME, "messages": [{"role": "robot", "content": "x"}]}), "robot"),
         (json.dumps({"model": DEFAULT_MODEL_NAME, "messages": [{"role": "user", "content": "x"}], "pamer_policy": "nope"}), "unknown memory policy"),
-        (json.dumps({"model": DEFAULT_MODEL_NAME, "messages": [{"role": "user", "content": "x"}], "max_tokens": "many"}), "max_tokens"),
         # refused before the policy sees the request, so no memory work starts
+        (json.dumps({"model": DEFAULT_MODEL_NAME, "messages": [{"role": "user", "content": "x"}],
+                     "session_id": "e2e-bad-max-tokens", "max_tokens": "many"}), "max_tokens"),
         (json.dumps({"model": DEFAULT_MODEL_NAME, "messages": [{"role": "user", "content": "x"}], "session_id": "e2e-bad-tools",
-                     "tools": [{"type": "function", "function": {"description": "no name"}}]}), "invalid tools"),
+                     "tools": [{"type": "function", "function": {"description": "no name"}}]}), "tools.0.function.name"),
+        (json.dumps({"model": DEFAULT_MODEL_NAME, "messages": [{"role": "user", "content": "x"}],
+                     "session_id": "e2e-bad-tool-choice", "tool_choice": "required"}), "`tools` must be set"),
     ],
 )
 def test_malformed_requests_get_clear_400(server, body, needle):
@@ -159,8 +162,9 @@ def test_malformed_requests_get_clear_400(server, body, needle):
     )
     assert response.status_code == 400
     assert needle in response.json()["error"]["message"]
-    if needle == "invalid tools":  # refused before its session was touched
-        assert requests.get(f"{server.base_url}/pamer/sessions/e2e-bad-tools", timeout=10).status_code == 404
+    session_id = json.loads(body).get("session_id") if needle != "not valid JSON" else None
+    if session_id:  # refused before its session was touched
+        assert requests.get(f"{server.base_url}/pamer/sessions/{session_id}", timeout=10).status_code == 404
 
 
 def test_metrics_count_requests_by_action(server, replayed):

@@ -1,7 +1,8 @@
 """API-server glue: the endpoint plugin that takes over chat completions.
 
 For each ``POST /v1/chat/completions``:
-1. parse the body (malformed JSON or messages: HTTP 400),
+1. parse and check the body as vLLM would (malformed JSON, messages or any
+   other field: HTTP 400, before any memory operation),
 2. find the session (``X-Session-ID`` header or ``session_id`` field) and the
    policy (server default, or ``X-Pamer-Policy`` / ``pamer_policy`` field),
 3. rewrite the messages (``core.pipeline``: fallbacks return them unchanged),
@@ -23,10 +24,11 @@ from typing import Any
 import msgspec
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest, ChatCompletionToolsParam
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 from vllm.entrypoints.serve.utils.api_utils import with_cancellation
+from vllm.exceptions import VLLMClientError
 
 from vllm_pamer.channel import CAPTURE_KEY, SESSION_KEY, CaptureInbox, CaptureRecord, ensure_channel_address
 from vllm_pamer.config import PamerConfig
@@ -50,7 +52,6 @@ ECHO_HEADER = "x-pamer-echo"
 REWRITING_ACTIONS = ("rewritten", "compressed", "recalled")
 MAX_OWN_TOOL_ROUNDS = 3  # memory-tool calls answered per request before the answer goes back
 CAPTURE_LIFETIME_S = 3600.0  # a request may wait long in the queue before its prefill
-_CLIENT_TOOLS = TypeAdapter(list[ChatCompletionToolsParam])
 
 
 def error_response(status: int, message: str, err_type: str = "BadRequestError") -> JSONResponse:
@@ -191,15 +192,15 @@ async def _handle_chat(body: dict, raw_request: Request):
     except (UnknownPolicy, ValueError) as exc:
         return error_response(400, str(exc))
 
-    exclude_tools = bool(getattr(server.args, "exclude_tools_when_tool_choice_none", False))
+    # The request as the client sent it is checked before any memory
+    # operation, so a request vLLM would refuse starts no compression.
     try:
-        # Checked before any memory operation; the policy's window guard
-        # counts them as the engine will render them.
-        client_tools = _CLIENT_TOOLS.validate_python(body.get("tools") or [])
-    except ValidationError as exc:
-        return error_response(400, f"invalid tools: {exc}")
-    template_kwargs = body.get("chat_template_kwargs") if isinstance(body.get("chat_template_kwargs"), dict) else None
-    tools_in = template_tools(client_tools, body.get("tool_choice"), exclude_tools)
+        received = ChatCompletionRequest.model_validate(body)
+    except (ValidationError, VLLMClientError) as exc:
+        return error_response(400, f"invalid chat completion request: {exc}")
+    exclude_tools = bool(getattr(server.args, "exclude_tools_when_tool_choice_none", False))
+    template_kwargs = received.chat_template_kwargs
+    tools_in = template_tools(received.tools, received.tool_choice, exclude_tools)
     # Counted off the event loop, before the policy runs: its window guard
     # needs no count of its own while the request fits.
     prompt_tokens_in = await asyncio.to_thread(
@@ -235,7 +236,7 @@ async def _handle_chat(body: dict, raw_request: Request):
     body["messages"] = sent
     try:
         request = ChatCompletionRequest.model_validate(body)
-    except ValidationError as exc:
+    except (ValidationError, VLLMClientError) as exc:
         return error_response(400, f"invalid chat completion request: {exc}")
     report.prompt_tokens_in = prompt_tokens_in
     if rewritten or own_tools:
