@@ -32,11 +32,10 @@ import msgspec
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.ab_rounds import interleaved_rounds  # noqa: E402
-from benchmarks.policies import DATA, KV_TOKENS_RE, policy_options, start_server  # noqa: E402
+from benchmarks.policies import KV_TOKENS_RE, policy_options, shared_or_shipped, start_server  # noqa: E402
 from vllm_pamer.default_model import ensure_default_model, shipped_heads  # noqa: E402
 from vllm_pamer.replay.client import ReplaySettings, connect, plan_replay, replay_policy  # noqa: E402
 from vllm_pamer.replay.report import PolicyRow, fmt, summarize  # noqa: E402
-from vllm_pamer.trajectories import load_trajectories  # noqa: E402
 
 SIDES = ("a: default KV", "b: small KV")
 
@@ -74,8 +73,7 @@ def main() -> None:
     if heads is None:
         sys.exit("no heads: ship trained heads (vllm-pamer train)")
     policies = [p for p in args.policies.split(",") if p]
-    path = DATA / "mini_swe.jsonl.gz"
-    plans = plan_replay(load_trajectories(path if path.exists() else None, kind="swe")[: args.swe], args.max_steps)
+    plans = plan_replay(shared_or_shipped("mini_swe", "swe")[: args.swe], args.max_steps)
     requests = sum(len(p.steps) for p in plans)
     budgets = (None, args.small_kv_gib)
     kv_tokens: list[set[str]] = [set(), set()]  # as each server reported its budget
@@ -94,7 +92,7 @@ def main() -> None:
             f"preemptions {fmt(row.preemptions)}" for policy, row in rows.items())
 
     by_side, logs = interleaved_rounds(args.rounds, start, measure, describe, "kv-budget-")
-    results = {p: [[rows[p] for rows in by_side[0]], [rows[p] for rows in by_side[1]]] for p in policies}
+    results = {p: [[rows[p] for rows in side] for side in by_side] for p in policies}
 
     print("\n| policy | steps / min, a | steps / min, b | b/a (median of rounds) | b/a per round pair "
           "| prefill computed, a | prefill computed, b | peak KV, b | preemptions, b |")

@@ -2,7 +2,8 @@
 without the plugin (``vllm-pamer serve --pamer-off``) and (b) the plugin with
 capture and the five-head vote on and policy ``none``, in interleaved A/B
 rounds (a b b a, so a linear drift of the machine cancels), each round on a
-freshly started server with the same flags. Prints each round and the throughput ratio b/a.
+freshly started server with the same flags. Prints each round and the
+throughput ratio b/a.
 
     .venv/bin/python benchmarks/overhead.py                      # 2 rounds, 4 trajectories
     .venv/bin/python benchmarks/overhead.py --rounds 3 --trajectories 8 --concurrency 4

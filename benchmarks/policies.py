@@ -53,6 +53,13 @@ from vllm_pamer.replay.report import KIND_TITLES, fmt, markdown_table, summarize
 from vllm_pamer.trajectories import load_trajectories  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "trajectories"
+
+
+def shared_or_shipped(name: str, kind: str) -> list[dict]:
+    """The ``../shared`` trajectories ``name`` where they exist, else the
+    shipped sample of that ``kind``."""
+    path = DATA / f"{name}.jsonl.gz"
+    return load_trajectories(path if path.exists() else None, kind=kind)
 POLICIES = ("none,sliding_window,recent_k,discard_tool,periodic_summary,rolling_summary,"
             "pamer,pamer_text_query,pamer_unstable,pamer_conversation,pamer_plus,sam")
 

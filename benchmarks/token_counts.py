@@ -22,11 +22,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from transformers import AutoTokenizer  # noqa: E402
 
-from benchmarks.policies import DATA  # noqa: E402
+from benchmarks.policies import shared_or_shipped  # noqa: E402
 from vllm_pamer.channel import CaptureInbox  # noqa: E402
 from vllm_pamer.default_model import ensure_default_model  # noqa: E402
 from vllm_pamer.server.engine_services import EngineServices  # noqa: E402
-from vllm_pamer.trajectories import agent_requests, load_trajectories  # noqa: E402
+from vllm_pamer.trajectories import agent_requests  # noqa: E402
 
 
 def main() -> None:
@@ -39,8 +39,7 @@ def main() -> None:
     services = EngineServices(None, tokenizer, CaptureInbox("ipc://unused"), max_model_len=8192)
     print("| requests | count | prompt tokens, median / max | ms, median | ms, p90 | ms, max |\n|---|---|---|---|---|---|")
     for kind, name in (("tau", "tau_airline"), ("swe", "mini_swe")):
-        path = DATA / f"{name}.jsonl.gz"
-        trajectories = load_trajectories(path if path.exists() else None, kind=kind)[: args.trajectories]
+        trajectories = shared_or_shipped(name, kind)[: args.trajectories]
         seconds, tokens = [], []
         for trajectory in trajectories:
             for _, history in list(agent_requests(trajectory["messages"]))[: args.steps]:

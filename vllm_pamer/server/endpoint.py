@@ -229,9 +229,10 @@ async def _handle_chat(body: dict, raw_request: Request):
     if not isinstance(xargs, dict):
         return error_response(400, "vllm_xargs must be an object")
     auto_tools = bool(getattr(server.args, "enable_auto_tool_choice", False))
-    own_tools = _offered_tools(outcome.extra_tools, body, body.get("tools") or [], report, auto_tools)
+    client_tools = body.get("tools") or []
+    own_tools = _offered_tools(outcome.extra_tools, body, client_tools, report, auto_tools)
     if own_tools:
-        body["tools"] = list(body.get("tools") or []) + own_tools
+        body["tools"] = list(client_tools) + own_tools
     body["vllm_xargs"] = {**xargs, CAPTURE_KEY: capture_key, SESSION_KEY: session_id or ""}
     body["messages"] = sent
     try:
