@@ -92,7 +92,7 @@ if __package__ in (None, ""):  # run as a script from anywhere
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from vllm_pamer.core.blocks import split_conversation  # noqa: E402
-from vllm_pamer.core.policies.pamer import cap_head_and_tail, serialize_messages  # noqa: E402
+from vllm_pamer.core.text import cap_head_and_tail, serialize_messages  # noqa: E402
 from vllm_pamer.trajectories import agent_requests, load_trajectories  # noqa: E402
 
 

@@ -353,7 +353,7 @@ def test_annotation_of_a_shipped_trajectory_is_deterministic():
 def test_tokenizer_counter_counts_the_plain_text(tokenizer_dir):
     from tokenizers import Tokenizer
 
-    from vllm_pamer.core.policies.pamer import serialize_messages
+    from vllm_pamer.core.text import serialize_messages
 
     count = A.tokenizer_counter(tokenizer_dir)
     tokenizer = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))

@@ -48,7 +48,7 @@ from typing import Any, Protocol, runtime_checkable
 import msgspec
 
 from vllm_pamer.core.blocks import Message, block_id, split_conversation
-from vllm_pamer.core.policies.pamer import serialize_messages
+from vllm_pamer.core.text import serialize_messages
 
 TokenCounter = Callable[[Sequence[Message]], int]
 """Tokens of a list of messages (the annotator calls it once per distinct block)."""

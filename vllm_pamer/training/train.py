@@ -138,7 +138,7 @@ def recent2_texts(trajectories: Iterable[Mapping[str, Any]], n_recent: int = 2) 
     """The plain-text ``P + R_t`` of every decision point of the trajectories
     (the same P / O / R split as the annotator; ``serialize_messages`` text),
     for the TF-IDF control when no ``--texts`` file exists."""
-    from vllm_pamer.core.policies.pamer import serialize_messages
+    from vllm_pamer.core.text import serialize_messages
     from vllm_pamer.training.annotate import AnnotatorSettings, decision_contexts
 
     settings = AnnotatorSettings(n_recent=n_recent)

@@ -31,6 +31,7 @@ import msgspec
 import numpy as np
 
 from vllm_pamer.core.blocks import Block, Message
+from vllm_pamer.core.text import cap_head_and_tail, serialize_messages
 from vllm_pamer.core.memory_store import Memory, MemoryStore, StepDetail, StoreError
 from vllm_pamer.core.policies.base import (
     MemoryPolicy,
@@ -138,31 +139,6 @@ class PamerConfig(SummaryConfig, frozen=True):
         super().__post_init__()
         if self.query_source not in ("text", "captured"):
             raise ValueError(f"query_source must be 'text' or 'captured', not {self.query_source!r}")
-
-
-def serialize_messages(messages: Sequence[Message]) -> str:
-    """Plain-text view of messages (for summary sources and queries)."""
-    lines = []
-    for message in messages:
-        role = message.get("role", "?")
-        content = message.get("content")
-        if isinstance(content, list):
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-        if content:
-            lines.append(f"{role}: {content}")
-        for call in message.get("tool_calls") or []:
-            function = call.get("function", {})
-            lines.append(f"{role} calls {function.get('name')}({function.get('arguments')})")
-    return "\n".join(lines)
-
-
-def cap_head_and_tail(text: str, budget: int) -> str:
-    """Keep the beginning and the end of ``text`` within ``budget`` characters."""
-    if len(text) <= budget:
-        return text
-    marker = "\n[... middle of the history omitted ...]\n"
-    keep = max(0, budget - len(marker))
-    return text[: keep // 2] + marker + text[len(text) - (keep - keep // 2):]
 
 
 SUMMARY_CHECKLIST = (

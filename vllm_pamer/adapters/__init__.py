@@ -1,0 +1,1 @@
+"""The only modules that import vLLM: one package per supported vLLM series."""
