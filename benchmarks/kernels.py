@@ -44,7 +44,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kernels import cosine_topk_reference, five_head_vote_reference  # noqa: E402
+from vllm_pamer.kernels import cosine_topk_reference, five_head_vote_reference  # noqa: E402
 
 
 class Timer:
@@ -128,7 +128,7 @@ def bench_vote(timer: Timer, device: torch.device, fused: bool, batches, d: int)
     b1, w2 = (0.1 * torch.randn(5, 256, generator=g)).to(device), (torch.randn(5, 256, generator=g) / 16).to(device)
     b2, thr = (0.1 * torch.randn(5, generator=g)).to(device), torch.zeros(5, device=device)
     if fused:
-        from kernels import five_head_vote_triton
+        from vllm_pamer.kernels import five_head_vote_triton
     for B in tqdm(batches, desc="five_head_vote", leave=False):
         x = torch.randn(B, d, generator=g).to(device=device, dtype=torch.bfloat16)
         args = (x, w1, b1, w2, b2, thr, 3)
@@ -161,7 +161,7 @@ def bench_topk(timer, device, fused, sizes, dims, batch, k, dtype, cpu_max_bytes
     rows, graph_rows = [], []
     g = torch.Generator(device="cpu").manual_seed(1)
     if fused:
-        from kernels import cosine_topk_triton
+        from vllm_pamer.kernels import cosine_topk_triton
     for e in dims:
         for n_wanted in tqdm(sizes, desc=f"cosine_topk e={e}", leave=False):
             n, note = n_wanted, ""
@@ -205,7 +205,7 @@ def sweep(timer: Timer, device: torch.device) -> list[str]:
     """GPU time (graph replay) of each tile configuration the launchers accept,
     against their default plan, to choose the defaults from measurements.
     Every configuration's output is checked against torch first."""
-    from kernels import cosine_topk_triton, five_head_vote_triton
+    from vllm_pamer.kernels import cosine_topk_triton, five_head_vote_triton
 
     rows = []
     g = torch.Generator(device="cpu").manual_seed(2)
@@ -266,7 +266,7 @@ def main() -> None:
     timer = Timer(device, reps=reps, warmup=3 if fused else 1)
 
     if fused:
-        from kernels import triton_available
+        from vllm_pamer.kernels import triton_available
 
         assert triton_available(), "CUDA without triton: nothing fused to measure"
         where = f"{torch.cuda.get_device_name(device)}"

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.numpy import save_file
 
-from kernels.five_head_vote import five_head_vote, five_head_vote_reference
+from vllm_pamer.kernels.five_head_vote import five_head_vote, five_head_vote_reference
 from vllm_pamer.core.heads import (
     HEADS_FORMAT,
     HIDDEN_WIDTH,

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.five_head_vote import five_head_vote_reference
+from vllm_pamer.kernels.five_head_vote import five_head_vote_reference
 from vllm_pamer.core.heads import ModelFingerprint, load_heads
 from vllm_pamer.training import metrics
 from vllm_pamer.training.train import (

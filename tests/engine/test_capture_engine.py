@@ -15,7 +15,7 @@ import torch
 from tests.engine.tiny_models import build_tiny_model, hf_last_token_states
 from vllm_pamer.channel import CAPTURE_KEY, CHANNEL_ENV, CaptureReceiver
 from vllm_pamer.core.heads import ModelFingerprint, load_heads, random_heads, save_heads
-from kernels import five_head_vote_reference
+from vllm_pamer.kernels import five_head_vote_reference
 
 pytestmark = pytest.mark.engine
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from kernels import five_head_vote_reference
+from vllm_pamer.kernels import five_head_vote_reference
 from tests.engine.tiny_models import build_tiny_model
 from vllm_pamer.core.heads import ModelFingerprint, load_heads
 from vllm_pamer.training import annotate, extract, train

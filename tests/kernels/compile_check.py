@@ -28,8 +28,8 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from kernels import _cosine_topk_triton as topk  # noqa: E402
-from kernels import _five_head_vote_triton as vote  # noqa: E402
+from vllm_pamer.kernels import _cosine_topk_triton as topk  # noqa: E402
+from vllm_pamer.kernels import _five_head_vote_triton as vote  # noqa: E402
 
 H200_SMS = 132
 TY = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}

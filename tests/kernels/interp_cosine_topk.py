@@ -14,9 +14,9 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from kernels import cosine_topk_reference, cosine_topk_triton  # noqa: E402
-from kernels._cosine_topk_triton import _cosine_topk_kernel  # noqa: E402
-from kernels._triton_utils import is_interpreted  # noqa: E402
+from vllm_pamer.kernels import cosine_topk_reference, cosine_topk_triton  # noqa: E402
+from vllm_pamer.kernels._cosine_topk_triton import _cosine_topk_kernel  # noqa: E402
+from vllm_pamer.kernels._triton_utils import is_interpreted  # noqa: E402
 from tests.kernels.oracles import (  # noqa: E402
     check_topk,
     poisoned_topk_outputs,

@@ -13,9 +13,9 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from kernels import five_head_vote_triton  # noqa: E402
-from kernels._five_head_vote_triton import _five_head_vote_kernel  # noqa: E402
-from kernels._triton_utils import is_interpreted  # noqa: E402
+from vllm_pamer.kernels import five_head_vote_triton  # noqa: E402
+from vllm_pamer.kernels._five_head_vote_triton import _five_head_vote_kernel  # noqa: E402
+from vllm_pamer.kernels._triton_utils import is_interpreted  # noqa: E402
 from tests.kernels.oracles import check_vote, poisoned_vote_outputs, vote_problem  # noqa: E402
 
 if not is_interpreted(_five_head_vote_kernel):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from kernels import cosine_topk, cosine_topk_reference
+from vllm_pamer.kernels import cosine_topk, cosine_topk_reference
 from tests.kernels.oracles import check_topk, tie_problem, topk_exact_oracle, topk_problem
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -110,7 +110,7 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GP
 def test_cuda_dispatch_uses_triton_and_matches(batch, dtype, monkeypatch):
     # not `import kernels.cosine_topk as module`: the package re-exports the function
     # under the module's name, and that import form returns the attribute
-    module = importlib.import_module("kernels.cosine_topk")
+    module = importlib.import_module("vllm_pamer.kernels.cosine_topk")
 
     calls = []
     launch = module.cosine_topk_triton

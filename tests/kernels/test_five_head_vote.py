@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from kernels import five_head_vote, five_head_vote_reference
+from vllm_pamer.kernels import five_head_vote, five_head_vote_reference
 from tests.kernels.oracles import check_vote, vote_problem
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -44,7 +44,7 @@ def test_dispatch_on_cpu_is_the_reference():
 def test_cpu_paths_never_import_triton():
     """CPU-only installs (the vLLM CPU worker) must not pay for triton."""
     code = (
-        "import sys, torch, kernels\n"
+        "import sys, torch, vllm_pamer.kernels as kernels\n"
         "x = torch.randn(3, 64); w1 = torch.randn(5, 64, 256)\n"
         "kernels.five_head_vote(x, w1, torch.randn(5, 256), torch.randn(5, 256), torch.randn(5), torch.zeros(5))\n"
         "kernels.cosine_topk(torch.randn(2, 64), torch.tensor([1, 2]), torch.randn(9, 64), torch.ones(9).long(), 3)\n"
@@ -63,7 +63,7 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GP
 def test_cuda_dispatch_uses_triton_and_matches(batch, x_dtype, monkeypatch):
     # not `import kernels.five_head_vote as module`: the package re-exports the function
     # under the module's name, and that import form returns the attribute
-    module = importlib.import_module("kernels.five_head_vote")
+    module = importlib.import_module("vllm_pamer.kernels.five_head_vote")
 
     calls = []
     launch = module.five_head_vote_triton

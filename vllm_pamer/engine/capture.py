@@ -43,7 +43,7 @@ class _TorchHeads:
         ]
 
     def __call__(self, rows: torch.Tensor):
-        from kernels import five_head_vote
+        from vllm_pamer.kernels import five_head_vote
 
         if self.tensors[0].device != rows.device:
             self.tensors = [t.to(rows.device) for t in self.tensors]

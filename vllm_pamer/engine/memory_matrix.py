@@ -121,7 +121,7 @@ class MemoryMatrix:
         """For each query [B, dim] the k best rows of its own session by cosine
         similarity: (indices [B, k] int64, -1 padded; scores [B, k] fp32, -inf
         padded). See ``kernels.cosine_topk``."""
-        from kernels import cosine_topk
+        from vllm_pamer.kernels import cosine_topk
 
         queries = torch.as_tensor(queries).to(self.device)
         if queries.dim() == 1:

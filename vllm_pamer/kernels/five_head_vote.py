@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from vllm_pamer.kernels._common import triton_available
+
 
 def five_head_vote_reference(
     x: torch.Tensor,
@@ -36,7 +38,7 @@ def five_head_vote_reference(
 def five_head_vote_triton(*args, **kwargs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The fused Triton kernel (CUDA tensors, or CPU tensors under
     TRITON_INTERPRET=1). See ``kernels._five_head_vote_triton``."""
-    from kernels._five_head_vote_triton import five_head_vote_triton as launch
+    from vllm_pamer.kernels._five_head_vote_triton import five_head_vote_triton as launch
 
     return launch(*args, **kwargs)
 
@@ -51,12 +53,7 @@ def five_head_vote(
     min_votes: int = 3,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Dispatching entry point: CUDA -> fused Triton kernel, CPU -> torch."""
-    if x.is_cuda and torch.float64 not in (x.dtype, w1.dtype) and _triton_available():
+    if x.is_cuda and torch.float64 not in (x.dtype, w1.dtype) and triton_available():
         return five_head_vote_triton(x, w1, b1, w2, b2, thresholds, min_votes)
     return five_head_vote_reference(x, w1, b1, w2, b2, thresholds, min_votes)
 
-
-def _triton_available() -> bool:
-    from kernels import triton_available
-
-    return triton_available()

@@ -22,21 +22,7 @@ from __future__ import annotations
 
 import torch
 
-MAX_K = 8
-
-
-def check_topk_inputs(queries, query_sessions, matrix, row_sessions, k) -> None:
-    if queries.dim() != 2 or matrix.dim() != 2 or queries.shape[1] != matrix.shape[1]:
-        raise ValueError(f"queries [B, e] and matrix [N, e] expected, got {tuple(queries.shape)} and {tuple(matrix.shape)}")
-    if query_sessions.shape != (queries.shape[0],) or row_sessions.shape != (matrix.shape[0],):
-        raise ValueError("query_sessions must be [B] and row_sessions [N]")
-    if query_sessions.dtype != torch.int64 or row_sessions.dtype != torch.int64:
-        raise TypeError("query_sessions and row_sessions must be int64")
-    if not 1 <= int(k) <= MAX_K:
-        raise ValueError(f"k must be in 1..{MAX_K}, got {k}")
-    devices = {t.device for t in (queries, query_sessions, matrix, row_sessions)}
-    if len(devices) != 1:
-        raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devices))}")
+from vllm_pamer.kernels._common import MAX_K, check_topk_inputs, triton_available
 
 
 def _exact_topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -133,7 +119,7 @@ def cosine_topk_reference(
 def cosine_topk_triton(*args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
     """The fused Triton kernel (CUDA tensors, or CPU tensors under
     TRITON_INTERPRET=1). See ``kernels._cosine_topk_triton``."""
-    from kernels._cosine_topk_triton import cosine_topk_triton as launch
+    from vllm_pamer.kernels._cosine_topk_triton import cosine_topk_triton as launch
 
     return launch(*args, **kwargs)
 
@@ -147,8 +133,6 @@ def cosine_topk(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dispatching entry point: CUDA -> fused Triton kernel, CPU -> torch."""
     if queries.is_cuda and torch.float64 not in (queries.dtype, matrix.dtype):
-        from kernels import triton_available
-
         if triton_available():
             return cosine_topk_triton(queries, query_sessions, matrix, row_sessions, k)
     return cosine_topk_reference(queries, query_sessions, matrix, row_sessions, k)

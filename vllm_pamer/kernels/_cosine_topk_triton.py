@@ -34,8 +34,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._triton_utils import cdiv, check_device, default_precision, is_interpreted, next_pow2, target_programs
-from kernels.cosine_topk import check_topk_inputs
+from vllm_pamer.kernels._triton_utils import cdiv, check_device, default_precision, is_interpreted, next_pow2, target_programs
+from vllm_pamer.kernels._common import check_topk_inputs
 
 _INT32_MAX = tl.constexpr(2147483647)
 

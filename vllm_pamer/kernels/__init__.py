@@ -7,20 +7,9 @@ triton is imported); triton itself is imported on first use, never here."""
 
 from __future__ import annotations
 
-import functools
-
-from kernels.cosine_topk import MAX_K, cosine_topk, cosine_topk_reference, cosine_topk_triton
-from kernels.five_head_vote import five_head_vote, five_head_vote_reference, five_head_vote_triton
-
-
-@functools.lru_cache(maxsize=None)
-def triton_available() -> bool:
-    """Whether triton imports; without it CUDA tensors fall back to torch."""
-    try:
-        import triton  # noqa: F401
-    except Exception:  # not installed, or a broken install
-        return False
-    return True
+from vllm_pamer.kernels._common import MAX_K, triton_available
+from vllm_pamer.kernels.cosine_topk import cosine_topk, cosine_topk_reference, cosine_topk_triton
+from vllm_pamer.kernels.five_head_vote import five_head_vote, five_head_vote_reference, five_head_vote_triton
 
 
 __all__ = [

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._triton_utils import cdiv, check_device, default_precision, is_interpreted, next_pow2, target_programs
+from vllm_pamer.kernels._triton_utils import cdiv, check_device, default_precision, is_interpreted, next_pow2, target_programs
 
 _SQRT1_2 = tl.constexpr(0.7071067811865476)
 
