@@ -41,7 +41,8 @@ import numpy as np
 
 def annotated_points(model_dir: Path):
     from vllm_pamer.training.annotate import create_annotator, tokenizer_counter
-    from vllm_pamer.training.extract import join_points, load_data
+    from vllm_pamer.training.data import load_data
+    from vllm_pamer.training.extract import join_points
 
     trajectories = load_data(None)
     annotator = create_annotator("reference", count_tokens=tokenizer_counter(model_dir))
@@ -98,9 +99,9 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from vllm_pamer.default_model import ensure_default_model
-    from vllm_pamer.training.extract import (
-        CaptureEngine, ChatPrompter, extract, load_states, model_max_len, select_points, token_limit,
-    )
+    from vllm_pamer.offline_engine import CaptureEngine
+    from vllm_pamer.training.data import load_states
+    from vllm_pamer.training.extract import ChatPrompter, extract, model_max_len, select_points, token_limit
 
     model_dir = Path(args.model).resolve() if args.model else ensure_default_model(quiet=True)
     points = annotated_points(model_dir)

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from tests.chat_strategies import valid_messages
 from vllm_pamer.core.blocks import split_conversation
+from vllm_pamer.core.salient import action_values, message_text, occurs, salient_values
 from vllm_pamer.trajectories import agent_requests, load_trajectories
 from vllm_pamer.training import annotate as A
 from vllm_pamer.training.annotate import (
@@ -21,15 +22,12 @@ from vllm_pamer.training.annotate import (
     AnnotatorSettings,
     DecisionPoint,
     UnknownAnnotator,
-    action_values,
     annotate_trajectory,
     char_counter,
     create_annotator,
     decision_contexts,
-    message_text,
-    occurs,
-    salient_values,
 )
+from vllm_pamer.training.cli import annotate_main, summarize
 
 # --- builders for hand-made conversations ---------------------------------------------
 
@@ -409,18 +407,18 @@ def test_a_second_annotator_plugs_in(monkeypatch):
 
 def test_cli_writes_json_lines_and_prints_counts(tmp_path, capsys):
     out = tmp_path / "labels.jsonl"
-    assert A.main(["--limit", "1", "--tokens", "chars", "--out", str(out), "--no-progress"]) == 0
+    assert annotate_main(["--limit", "1", "--tokens", "chars", "--out", str(out), "--no-progress"]) == 0
     points = [msgspec.json.decode(line, type=DecisionPoint) for line in out.read_bytes().splitlines()]
     tau, swe = load_trajectories(None, "tau")[0], load_trajectories(None, "swe")[0]
     assert points == annotate_trajectory(tau, char_counter) + annotate_trajectory(swe, char_counter)
     printed = capsys.readouterr().out
     assert f"wrote {len(points)} decision points of 2 trajectories" in printed
     assert "tau-bench/gpt-4o-airline" in printed and "recall_1" in printed
-    total = A.summarize(points)["all"]
+    total = summarize(points)["all"]
     assert total["decisions"] == len(points)
     assert total["gate"] == total["compress_1"] + total["compress_0"]
 
 
 def test_cli_refuses_an_unknown_annotator(tmp_path):
     with pytest.raises(SystemExit):
-        A.main(["--annotator", "nope", "--tokens", "chars", "--out", str(tmp_path / "x.jsonl")])
+        annotate_main(["--annotator", "nope", "--tokens", "chars", "--out", str(tmp_path / "x.jsonl")])

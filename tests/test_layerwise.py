@@ -6,36 +6,12 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
-from safetensors.numpy import save_file
 
-from tests.test_train import synthetic_states
-from vllm_pamer.training.extract import load_layer_states
+from tests.training_fixtures import layer_states, write_shards, write_states_dir
+from vllm_pamer.training.cli import train_main
+from vllm_pamer.training.data import load_layer_states
 from vllm_pamer.training.layerwise import run_layerwise
-from vllm_pamer.training.train import main
-
-
-def layer_states(d=16, seed=0):
-    full, _, meta = synthetic_states(d=d, seed=seed)
-    rng = np.random.default_rng(seed + 1)
-    n = len(meta)
-    signal = full - rng.standard_normal(full.shape).astype(np.float32)  # ~ 4 * latent * direction
-    last = np.stack([0.15 * signal + rng.standard_normal((n, d)), full], axis=1).astype(np.float32)
-    mean = rng.standard_normal((n, 2, d)).astype(np.float32)
-    return last, mean, ["block1", "norm"], full, meta
-
-
-def write_layer_dir(directory, last, mean, taps, full, meta, shards=2):
-    directory.mkdir(parents=True)
-    parts = np.array_split(np.arange(len(meta)), shards)
-    (directory / "manifest.json").write_text(json.dumps({"shards": shards, "layers": taps}))
-    for k, rows in enumerate(parts):
-        save_file(
-            {"full": full[rows], "recent2": full[rows], "layers_last": last[rows], "layers_mean": mean[rows]},
-            str(directory / f"states-{k:05d}.safetensors"),
-        )
-        (directory / f"states-{k:05d}.jsonl").write_text("".join(json.dumps(meta[i]) + "\n" for i in rows))
 
 
 def test_layerwise_finds_the_layer_and_pooling_that_carry_the_signal():
@@ -52,10 +28,9 @@ def test_layerwise_finds_the_layer_and_pooling_that_carry_the_signal():
 
 
 def test_train_cli_writes_the_layerwise_report(tmp_path):
-    from tests.test_train import write_shards
-
     last, mean, taps, full, meta = layer_states()
-    write_layer_dir(tmp_path / "layers", last, mean, taps, full, meta)
+    layers = {"full": full, "recent2": full, "layers_last": last, "layers_mean": mean}
+    write_states_dir(tmp_path / "layers", layers, meta, layers=taps)
     write_shards(tmp_path / "states", full, full, meta)
     model = tmp_path / "model"
     model.mkdir()
@@ -67,8 +42,8 @@ def test_train_cli_writes_the_layerwise_report(tmp_path):
     args = ["--states", str(tmp_path / "states"), "--out", str(tmp_path / "h.safetensors"), "--model", str(model),
             "--epochs", "5", "--no-ablations", "--layer-states", str(tmp_path / "layers")]
     with pytest.raises(SystemExit):  # the diagnostic writes into a report
-        main(args)
-    assert main(args + ["--report", str(report)]) == 0
+        train_main(args)
+    assert train_main(args + ["--report", str(report)]) == 0
     text = (report / "layerwise.md").read_text()
     assert "block 1 (1/2)" in text and "final norm" in text and "Table 9" in text
     assert "[layerwise.md](layerwise.md)" in (report / "report.md").read_text()

@@ -11,25 +11,24 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.training_fixtures import synthetic_states, write_shards
 from vllm_pamer.kernels.five_head_vote import five_head_vote_reference
 from vllm_pamer.core.heads import ModelFingerprint, load_heads
 from vllm_pamer.training import metrics
-from vllm_pamer.training.train import (
+from vllm_pamer.training.cli import train_main
+from vllm_pamer.training.controls import recent2_texts
+from vllm_pamer.training.data import StatesError, load_states
+from vllm_pamer.training.experiment import TrainConfig, run_experiment
+from vllm_pamer.training.probes import (
     FittedHead,
     ProbeHead,
     Standardizer,
-    TrainConfig,
     distillation_loss,
     export_head,
-    grouped_split,
-    main,
-    read_states,
-    recent2_texts,
-    run_experiment,
     stack_heads,
-    task_id,
     weighted_bce,
 )
+from vllm_pamer.training.splits import grouped_split, task_id
 
 
 def softplus(x: float) -> float:
@@ -323,71 +322,38 @@ def test_recent2_texts_are_prefix_plus_two_recent_blocks():
 # --------------------------------------------------------------------------------------
 
 
-def synthetic_states(d=16, n_tau=16, trials=2, n_swe=24, seed=0):
-    """Separable synthetic states: the label is a thresholded latent that the full
-    state carries strongly and the Recent2 state weakly; metadata is noise."""
-    rng = np.random.default_rng(seed)
-    direction = rng.standard_normal(d)
-    direction /= np.linalg.norm(direction)
-    ids = [f"airline-task{t}-trial{k}" for t in range(n_tau) for k in range(trials)]
-    ids += [f"django__django-{1000 + i}" for i in range(n_swe)]
-    full, recent2, meta = [], [], []
-    for tid in ids:
-        for step in range(int(rng.integers(8, 20))):
-            latent = rng.standard_normal()
-            label = int(latent > 0.4)
-            full.append(rng.standard_normal(d) + 4.0 * latent * direction)
-            recent2.append(rng.standard_normal(d) + 2.0 * latent * direction)
-            meta.append({
-                "trajectory_id": tid,
-                "source": "tau" if tid.startswith("airline") else "swe",
-                "step": step,
-                "message_index": 2 * step + 2,
-                "full_tokens": int(rng.integers(1000, 9000)),
-                "recent2_tokens": int(rng.integers(200, 900)),
-                "truncated": False,
-                "turn": 1,
-                "last_tool": ["bash", "search", None][int(rng.integers(0, 3))],
-                "recall": int(rng.random() < 0.3),
-                "compression": label if step >= 1 else None,
-            })
-    return np.asarray(full, np.float32), np.asarray(recent2, np.float32), meta
-
-
-def write_shards(directory, full, recent2, meta, n_shards=2):
-    from safetensors.numpy import save_file
-
-    directory.mkdir(parents=True, exist_ok=True)
-    for k, rows in enumerate(np.array_split(np.arange(len(meta)), n_shards)):
-        save_file({"full": full[rows], "recent2": recent2[rows]}, str(directory / f"states-{k:05d}.safetensors"))
-        (directory / f"states-{k:05d}.jsonl").write_text("".join(json.dumps(meta[i]) + "\n" for i in rows))
-
-
-def test_read_states_round_trip_and_errors(tmp_path):
+def test_load_states_round_trip_and_completeness(tmp_path):
     full, recent2, meta = synthetic_states(d=8, n_tau=2, n_swe=2)
     write_shards(tmp_path / "s", full, recent2, meta, n_shards=3)
-    f2, r2, m2 = read_states(tmp_path / "s")
+    f2, r2, m2 = load_states(tmp_path / "s")
     np.testing.assert_array_equal(f2, full)
     np.testing.assert_array_equal(r2, recent2)
-    assert m2 == meta
-    # the extractor's manifest plans more shards than are complete: refused unless partial
-    (tmp_path / "s" / "manifest.json").write_text(json.dumps({"shards": 4}))
-    with pytest.raises(ValueError, match="3 complete shards of 4"):
-        read_states(tmp_path / "s")
-    assert len(read_states(tmp_path / "s", allow_partial=True)[2]) == len(meta)
+    assert f2.dtype == r2.dtype == np.float32 and m2 == meta
+    # the manifest plans more shards than are complete: refused unless partial
+    manifest = json.loads((tmp_path / "s" / "manifest.json").read_text())
+    (tmp_path / "s" / "manifest.json").write_text(json.dumps({**manifest, "shards": 4}))
+    with pytest.raises(StatesError, match="1 of 4 shards are missing"):
+        load_states(tmp_path / "s")
+    assert len(load_states(tmp_path / "s", allow_partial=True)[2]) == len(meta)
+    (tmp_path / "s" / "manifest.json").write_text(json.dumps(manifest))
     # a shard whose JSON lines are not written yet is incomplete
-    (tmp_path / "s" / "manifest.json").unlink()
-    first = len(read_states(tmp_path / "s")[2]) - len(np.array_split(np.arange(len(meta)), 3)[2])
+    first = len(meta) - len(np.array_split(np.arange(len(meta)), 3)[2])
     (tmp_path / "s" / "states-00002.jsonl").unlink()
-    with pytest.raises(ValueError, match="complete shards"):
-        read_states(tmp_path / "s")
-    f3, _, m3 = read_states(tmp_path / "s", allow_partial=True)
+    with pytest.raises(StatesError, match="missing"):
+        load_states(tmp_path / "s")
+    f3, _, m3 = load_states(tmp_path / "s", allow_partial=True)
     assert len(m3) == first == f3.shape[0] and m3 == meta[:first]
     (tmp_path / "s" / "states-00001.jsonl").write_text(json.dumps(meta[0]) + "\n")
-    with pytest.raises(ValueError, match="metadata rows"):
-        read_states(tmp_path / "s", allow_partial=True)
-    with pytest.raises(FileNotFoundError):
-        read_states(tmp_path / "empty")
+    with pytest.raises(StatesError, match="rows do not match"):
+        load_states(tmp_path / "s", allow_partial=True)
+    # no shard at all, or no manifest: not an extraction to train on
+    for name in ("states-00000.jsonl", "states-00001.jsonl"):
+        (tmp_path / "s" / name).unlink()
+    with pytest.raises(StatesError, match="no complete shard"):
+        load_states(tmp_path / "s", allow_partial=True)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(StatesError, match="manifest"):
+        load_states(tmp_path / "empty")
 
 
 def test_end_to_end_train_writes_loadable_heads(tmp_path):
@@ -410,7 +376,7 @@ def test_end_to_end_train_writes_loadable_heads(tmp_path):
     out = tmp_path / "heads.safetensors"
     report = tmp_path / "report"
     torch_threads = torch.get_num_threads()
-    assert main([
+    assert train_main([
         "--states", str(tmp_path / "states"), "--out", str(out), "--report", str(report),
         "--model", str(model), "--texts", str(texts), "--epochs", "6", "--no-ablations",
     ]) == 0

@@ -184,15 +184,15 @@ def main(argv: list[str] | None = None) -> None:
 
         return demo_main(argv[1:])
     if argv and argv[0] == "annotate":
-        from vllm_pamer.training.annotate import main as annotate_main
+        from vllm_pamer.training.cli import annotate_main
 
         return annotate_main(argv[1:])
     if argv and argv[0] == "extract":
-        from vllm_pamer.training.extract import main as extract_main
+        from vllm_pamer.training.cli import extract_main
 
         return extract_main(argv[1:])
     if argv and argv[0] == "train":
-        from vllm_pamer.training.train import main as train_main
+        from vllm_pamer.training.cli import train_main
 
         return train_main(argv[1:])
     if argv and argv[0] == "replay":

@@ -16,17 +16,14 @@ import torch
 from tests.engine.tiny_models import build_tiny_model, hf_last_token_states
 from vllm_pamer.core.render import render_tools_as_text
 from vllm_pamer.trajectories import load_trajectories
+from vllm_pamer.offline_engine import CaptureEngine
 from vllm_pamer.training.annotate import annotate_trajectory, char_counter
+from vllm_pamer.training.data import StatesError, load_data, load_labels, load_layer_states, load_states
 from vllm_pamer.training.extract import (
-    CaptureEngine,
     ChatPrompter,
     ExtractError,
     extract,
     join_points,
-    load_data,
-    load_labels,
-    load_layer_states,
-    load_states,
     run_manifest,
     select_points,
     token_limit,
@@ -163,7 +160,7 @@ def test_resume_and_settings_guard(engine, labelled, tmp_path):
 
     # a shard that did not finish (no JSON lines yet) is redone, the others kept
     (out / "states-00001.jsonl").unlink()
-    with pytest.raises(ExtractError, match="missing"):
+    with pytest.raises(StatesError, match="missing"):
         load_states(out)
     assert len(load_states(out, allow_partial=True)[2]) == 7
     resumed = extract(points, out, prompter, live, shard_size=SHARD, settings={"dtype": "float32"}, progress=False)
@@ -173,9 +170,9 @@ def test_resume_and_settings_guard(engine, labelled, tmp_path):
     assert np.allclose(full3, full, atol=1e-4) and np.allclose(recent2_3, recent2, atol=1e-4)
 
     # another selection or other settings never mix into this directory
-    with pytest.raises(ExtractError, match="other settings"):
+    with pytest.raises(StatesError, match="other settings"):
         extract(points[:4], out, prompter, no_engine, shard_size=SHARD, settings={"dtype": "float32"}, progress=False)
-    with pytest.raises(ExtractError, match="other settings"):
+    with pytest.raises(StatesError, match="other settings"):
         extract(points, out, _prompter(model_dir, 128), no_engine, shard_size=SHARD,
                 settings={"dtype": "float32"}, progress=False)
 
@@ -216,7 +213,7 @@ def test_layerwise_states_match_hf(labelled, tmp_path, tokenizer_dir):
     plain = tmp_path / "plain"
     plain.mkdir()
     (plain / "manifest.json").write_text(json.dumps(run_manifest(points, prompter, SHARD)))
-    with pytest.raises(ExtractError, match="without --layers"):
+    with pytest.raises(StatesError, match="without --layers"):
         load_layer_states(plain)
 
 

@@ -14,7 +14,8 @@ import torch
 from vllm_pamer.kernels import five_head_vote_reference
 from tests.engine.tiny_models import build_tiny_model
 from vllm_pamer.core.heads import ModelFingerprint, load_heads
-from vllm_pamer.training import annotate, extract, train
+from vllm_pamer.training.cli import annotate_main, extract_main, train_main
+from vllm_pamer.training.data import load_states
 
 pytestmark = pytest.mark.engine
 
@@ -23,20 +24,20 @@ def test_annotate_extract_train(tmp_path, tokenizer_dir, capsys):
     model = build_tiny_model("llama", tmp_path / "model", tokenizer_dir)
     labels, states, heads, report = (tmp_path / n for n in ("labels.jsonl", "states", "heads.safetensors", "report"))
 
-    assert annotate.main(["--out", str(labels), "--tokenizer", str(model), "--no-progress"]) == 0
+    assert annotate_main(["--out", str(labels), "--tokenizer", str(model), "--no-progress"]) == 0
     gated = [json.loads(line) for line in labels.read_text().splitlines()]
     gated = [row for row in gated if row["compression"] is not None]
     gated_file = tmp_path / "gated.jsonl"
     gated_file.write_text("".join(json.dumps(row) + "\n" for row in gated))
 
-    assert extract.main([
+    assert extract_main([
         "--labels", str(gated_file), "--out", str(states), "--model", str(model), "--max-model-len", "2048",
         "--gpu-memory-utilization", "0.15", "--shard-size", "64", "--no-progress",
     ]) == 0
-    full, _, meta = extract.load_states(states)
+    full, _, meta = load_states(states)
     assert len(meta) == len(gated) and full.shape == (len(gated), 128)
 
-    assert train.main([
+    assert train_main([
         "--states", str(states), "--out", str(heads), "--report", str(report), "--model", str(model),
         "--epochs", "5", "--no-ablations",
     ]) == 0

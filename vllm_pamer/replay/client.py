@@ -29,6 +29,7 @@ import httpx
 import msgspec
 
 from vllm_pamer.core.blocks import Message
+from vllm_pamer.core.salient import action_values
 from vllm_pamer.replay import prometheus
 from vllm_pamer.replay.evidence import (
     Kind,
@@ -40,7 +41,6 @@ from vllm_pamer.replay.evidence import (
 )
 from vllm_pamer.replay.records import RunSummary, StepRecord
 from vllm_pamer.trajectories import agent_requests
-from vllm_pamer.training.annotate import action_values
 
 # vLLM: "The decoder prompt (length N) is longer than the maximum model length of M";
 # OpenAI-style servers: "maximum context length".

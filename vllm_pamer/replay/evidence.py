@@ -44,8 +44,7 @@ from typing import Any, Literal
 import msgspec
 
 from vllm_pamer.core.blocks import Message, split_conversation
-from vllm_pamer.trajectories import agent_requests
-from vllm_pamer.training.annotate import (
+from vllm_pamer.core.salient import (
     PYTHON_BUILTINS,
     STOPLIST,
     action_values,
@@ -53,6 +52,7 @@ from vllm_pamer.training.annotate import (
     message_text,
     occurs,
 )
+from vllm_pamer.trajectories import agent_requests
 
 Kind = Literal["tau", "swe"]
 

@@ -5,7 +5,7 @@ averaged over the prompt.
 Input: a ``vllm-pamer extract --layers`` directory (``layers_last`` /
 ``layers_mean``, ``[n, taps, d]``, full context). For every tap, pooling and
 target, an independent **linear** probe (as in the paper) is trained with the
-same protocol as ``train.py``: task-grouped 70/15/15 splits over seeds 0-4,
+same protocol as ``experiment.py``: task-grouped 70/15/15 splits over seeds 0-4,
 train-split standardization, class-weighted BCE, AdamW, the epoch with the
 lowest validation loss. Reported per cell: test AUROC and AUPRC (mean ± sd
 over seeds) and the logit gap ``E[z | y=1] - E[z | y=0]`` on test (eq. 6).
@@ -27,7 +27,10 @@ import numpy as np
 import torch
 
 from vllm_pamer.training.metrics import auprc, auroc, mean_sd
-from vllm_pamer.training.train import TARGETS, Standardizer, _labels, fit_head, grouped_split, task_id
+from vllm_pamer.training.experiment import TARGETS, target_labels
+from vllm_pamer.training.probes import Standardizer, fit_head
+from vllm_pamer.training.report import fmt_estimate
+from vllm_pamer.training.splits import grouped_split, task_id
 
 POOLINGS = ("last", "mean")
 
@@ -93,7 +96,7 @@ def run_layerwise(
     states = {"last": last, "mean": mean}
     try:
         for target in targets:
-            labels = _labels(meta, target)
+            labels = target_labels(meta, target)
             keep = np.flatnonzero(labels >= 0)
             y = labels[keep]
             groups = [task_id(str(meta[i]["trajectory_id"])) for i in keep]
@@ -180,8 +183,6 @@ def write_layerwise_report(
     result: LayerwiseResult, report_dir: str | Path, inputs: Mapping[str, Any] | None = None
 ) -> Path:
     """``layerwise.md``, ``layerwise.json`` and ``layerwise.png`` into ``report_dir``."""
-    from vllm_pamer.training.train_report import fmt_estimate
-
     report_dir = Path(report_dir)
     report_dir.mkdir(parents=True, exist_ok=True)
     plotted = _plot(result, report_dir / "layerwise.png")

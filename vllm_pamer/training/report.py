@@ -1,7 +1,7 @@
 """The report of ``vllm-pamer train``: ``report.md`` (methods against the
 observable controls and the paper's numbers, per-source AUROC, verdicts with
 sign-flip tests), ``results.json`` and the ROC / AUROC plots. Reads an
-``ExperimentResult`` of ``train.run_experiment``; fits nothing."""
+``ExperimentResult`` of ``experiment.run_experiment``; fits nothing."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 
 from vllm_pamer.training.metrics import roc_curve, sign_flip_p
-from vllm_pamer.training.train import ExperimentResult
+from vllm_pamer.training.experiment import ExperimentResult
 
-# Paper numbers (pamer-paper.txt): test means over five question-grouped splits.
+# The PaMER paper's numbers: test means over five question-grouped splits.
 # Keys are our method roles; "head" rows quote the no-hint probes of Table 8
 # (our serialized input carries no memory-token hint).
 PAPER: dict[str, dict[str, dict[str, Any]]] = {

@@ -1,0 +1,246 @@
+"""An offline vLLM engine that hands back the states the capture plugin
+publishes: ``CaptureEngine`` runs prompts of token ids through vLLM's ``LLM``
+(one sampled token each, tagged with a capture key) and collects each
+prompt's capture record from the PULL end of the capture channel
+(``vllm_pamer.channel``), bound in this process. ``vllm-pamer extract`` and
+the engine tests drive it; the vLLM calls themselves are in
+``vllm_pamer.adapters.vllm_0_32.offline``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vllm_pamer.channel import CAPTURE_KEY, CHANNEL_ENV, CaptureReceiver
+
+
+class CaptureError(RuntimeError):
+    """The model cannot be captured, or the engine did not deliver a state."""
+
+
+def _vllm():
+    """The vLLM calls, imported on first use: after ``prepare_vllm_cpu``."""
+    from vllm_pamer.adapters.vllm_0_32 import offline
+
+    return offline
+
+
+def _set_environ(values: Mapping[str, str | None]) -> None:
+    """Set each variable, or unset it where the value is None."""
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def check_architecture(model: str | Path) -> None:
+    """Refuse a model whose architecture has no capturing class (no state would come back)."""
+    from transformers import AutoConfig
+
+    from vllm_pamer.plugin import CAPTURING_MODELS
+
+    architectures = getattr(AutoConfig.from_pretrained(str(model)), "architectures", None) or []
+    if not any(a in CAPTURING_MODELS for a in architectures):
+        raise CaptureError(
+            f"{model}: architecture {architectures} has no capturing class "
+            f"(supported: {', '.join(CAPTURING_MODELS)})"
+        )
+
+
+def on_cpu_backend() -> bool:
+    """Whether vLLM is the vllm-cpu build (also after ``prepare_vllm_cpu``,
+    whose version shim makes ``is_cpu_build`` answer False)."""
+    import importlib.metadata as metadata
+
+    from vllm_pamer.vllm_cpu import is_cpu_build
+
+    return is_cpu_build() or bool(getattr(metadata.version, "_vllm_pamer_shim", False))
+
+
+class CaptureEngine:
+    """An offline vLLM ``LLM`` with the capture plugin, and the PULL end of its
+    capture channel bound in this process. ``states(prompts)`` runs one batch.
+    Close it (or use it as a context manager): that shuts the engine down.
+
+    Prefix caching is on, except with ``layers`` (1-based decoder blocks to
+    tap besides the final norm: mean pooling needs every token computed; eager
+    execution then too, for the hooks). On the CPU backend ``enforce_eager``
+    defaults to True, ``gpu_memory_utilization`` (there: the share of RAM for
+    the KV cache) to 0.2, and the worker uses every core
+    (``VLLM_CPU_NUM_OF_RESERVED_CPU=0`` unless set)."""
+
+    def __init__(
+        self,
+        model: str | Path,
+        *,
+        max_model_len: int | None = None,
+        dtype: str = "auto",
+        gpu_memory_utilization: float | None = None,
+        max_num_batched_tokens: int | None = None,
+        max_num_seqs: int | None = None,
+        enforce_eager: bool | None = None,
+        seed: int = 0,
+        capture_timeout_s: float = 30.0,
+        layers: Sequence[int] | None = None,
+        **llm_kwargs: Any,
+    ) -> None:
+        from vllm_pamer.vllm_cpu import prepare_vllm_cpu
+
+        cpu = on_cpu_backend()
+        prepare_vllm_cpu()
+        check_architecture(model)
+        vllm = _vllm()  # before the environment overrides below, which are for the engine's processes
+
+        self.capture_timeout_s = capture_timeout_s
+        self._dir = tempfile.mkdtemp(prefix="pamer-extract-")
+        self.address = f"ipc://{self._dir}/capture.sock"
+        self._receiver: CaptureReceiver | None = CaptureReceiver(self.address)
+        self._nonce = uuid.uuid4().hex[:12]
+        self._batches = 0
+        self.llm = None
+        self.layers = sorted(set(int(b) for b in layers)) if layers else []
+
+        kwargs: dict[str, Any] = dict(
+            model=str(model),
+            dtype=dtype,
+            enforce_eager=True if self.layers else (cpu if enforce_eager is None else enforce_eager),
+            enable_prefix_caching=not self.layers,
+            seed=seed,
+        )
+        if max_model_len is not None:
+            kwargs["max_model_len"] = int(max_model_len)
+        if gpu_memory_utilization is not None or cpu:
+            # on the CPU backend: the share of RAM kept for the KV cache
+            kwargs["gpu_memory_utilization"] = 0.2 if gpu_memory_utilization is None else gpu_memory_utilization
+        if max_num_batched_tokens is not None:
+            kwargs["max_num_batched_tokens"] = int(max_num_batched_tokens)
+        if max_num_seqs is not None:
+            kwargs["max_num_seqs"] = int(max_num_seqs)
+        kwargs.update(llm_kwargs)
+
+        # The engine's processes inherit these: our channel, capture on, no heads
+        # (only the state is needed), and the plugin loaded.
+        overrides: dict[str, str | None] = {
+            CHANNEL_ENV: self.address,
+            "PAMER_CAPTURE": "1",
+            "PAMER_HEADS": None,
+            "PAMER_CAPTURE_LAYERS": ",".join(map(str, self.layers)) or None,
+        }
+        if cpu and "VLLM_CPU_NUM_OF_RESERVED_CPU" not in os.environ:
+            # vLLM keeps one core off the OpenMP pool for its scheduler process;
+            # an offline batch has nothing to interleave, and on small machines
+            # the pool of all cores is nearly twice as fast (2 cores: measured).
+            overrides["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+        plugins = os.environ.get("VLLM_PLUGINS")
+        if plugins and "pamer" not in plugins.split(","):
+            overrides["VLLM_PLUGINS"] = plugins + ",pamer"
+        saved = {k: os.environ.get(k) for k in overrides}
+        try:
+            _set_environ(overrides)
+            self.llm = vllm.make_llm(**kwargs)
+        except BaseException:
+            self._close_socket()
+            raise
+        finally:
+            _set_environ(saved)
+        self.max_model_len = vllm.max_model_len(self.llm)
+
+    def get_tokenizer(self) -> Any:
+        return _vllm().tokenizer(self.llm)
+
+    def states(self, prompts: Sequence[Sequence[int]], on_state: Callable[[int], None] | None = None) -> np.ndarray:
+        """Final-norm last-token states of ``prompts`` (token ids), ``[n, d]``
+        float32, from one ``LLM.generate`` call (``max_tokens=1``) in the given
+        order. A state the channel lost is asked for again once."""
+        records = self.records(prompts, on_state)
+        if not records:
+            return np.zeros((0, 0), dtype=np.float32)
+        return np.stack([r.hidden_state() for r in records]).astype(np.float32)
+
+    def records(self, prompts: Sequence[Sequence[int]], on_state: Callable[[int], None] | None = None) -> list[Any]:
+        """The capture records of ``prompts``, in order (see ``states``)."""
+        if self.llm is None:
+            raise CaptureError("the engine is closed")
+        records: list[Any] = [None] * len(prompts)
+        todo = list(range(len(prompts)))
+        for _attempt in range(2):
+            if not todo:
+                break
+            self._run([prompts[i] for i in todo], todo, records, on_state)
+            todo = [i for i in todo if records[i] is None]
+        if todo:
+            raise CaptureError(f"no state was captured for {len(todo)} of {len(prompts)} prompts")
+        for i, record in enumerate(records):
+            if record.num_prompt_tokens != len(prompts[i]):
+                raise CaptureError(
+                    f"prompt {i}: the engine saw {record.num_prompt_tokens} tokens, {len(prompts[i])} were sent"
+                )
+            if self.layers and record.layer_tokens != len(prompts[i]):
+                raise CaptureError(
+                    f"prompt {i}: layer taps averaged {record.layer_tokens} of {len(prompts[i])} tokens"
+                )
+        return records
+
+    def _run(self, prompts, slots, records, on_state) -> None:
+        self._batches += 1
+        keys = [f"extract-{self._nonce}-{self._batches}-{n}" for n in range(len(prompts))]
+        pending = dict(zip(keys, slots))
+        stop = threading.Event()
+
+        def receive() -> None:
+            while pending and not stop.is_set():
+                record = self._receiver.receive(50)
+                if record is None:
+                    continue
+                slot = pending.pop(record.key, None)
+                if slot is None:
+                    continue  # not ours, or from an earlier attempt
+                records[slot] = record
+                if on_state is not None:
+                    on_state(slot)
+
+        receiver = threading.Thread(target=receive, name="pamer-extract-receiver", daemon=True)
+        receiver.start()
+        try:
+            _vllm().generate_captures(self.llm, prompts, [{CAPTURE_KEY: key} for key in keys])
+            receiver.join(self.capture_timeout_s)  # records still in flight
+        finally:
+            stop.set()
+            receiver.join()
+
+    def _close_socket(self) -> None:
+        if self._receiver is not None:
+            self._receiver.close()
+            self._receiver = None
+        try:
+            os.unlink(os.path.join(self._dir, "capture.sock"))
+        except OSError:
+            pass
+        try:
+            os.rmdir(self._dir)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        """Shut the engine down now (not at interpreter exit) and free the channel."""
+        llm, self.llm = self.llm, None
+        try:
+            if llm is not None:
+                _vllm().shutdown(llm)
+        finally:
+            self._close_socket()
+
+    def __enter__(self) -> "CaptureEngine":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

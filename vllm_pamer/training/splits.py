@@ -1,0 +1,46 @@
+"""Task-grouped 70/15/15 splits: every trial of a tau-bench task lies in one
+split, so no probe is tested on a task it was trained on (the PaMER paper
+groups its splits by question for the same reason)."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+
+import numpy as np
+
+_TRIAL_RE = re.compile(r"^(?P<task>.+)-trial\d+$")
+
+
+def task_id(trajectory_id: str) -> str:
+    """The grouping unit: tau-bench ``airline-task14-trial1`` -> ``airline-task14``
+    (all trials of a task together); any other id (mini-swe) is its own task."""
+    match = _TRIAL_RE.match(trajectory_id)
+    return match.group("task") if match else trajectory_id
+
+
+def grouped_split(
+    groups: Sequence[str], seed: int, fractions: tuple[float, float, float] = (0.7, 0.15, 0.15)
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Row indices (train, val, test) with every group in exactly one split.
+
+    The sorted distinct groups are shuffled by ``numpy.random.default_rng(seed)``
+    and cut by *group count*: round(0.70 G) train, round(0.15 G) val, the rest
+    test (each split gets at least one group when G >= 3). Deterministic per seed."""
+    groups = np.asarray(groups, dtype=object)
+    distinct = sorted(set(groups.tolist()))
+    g = len(distinct)
+    if g < 3:
+        raise ValueError(f"need at least 3 tasks to split 70/15/15, got {g}")
+    if not math.isclose(sum(fractions), 1.0):
+        raise ValueError(f"fractions must sum to 1: {fractions}")
+    order = np.random.default_rng(seed).permutation(g)
+    n_train = min(max(1, round(fractions[0] * g)), g - 2)
+    n_val = min(max(1, round(fractions[1] * g)), g - n_train - 1)
+    index = {distinct[k]: rank for rank, k in enumerate(order)}
+    rank = np.fromiter((index[x] for x in groups), dtype=np.int64, count=len(groups))
+    train = np.flatnonzero(rank < n_train)
+    val = np.flatnonzero((rank >= n_train) & (rank < n_train + n_val))
+    test = np.flatnonzero(rank >= n_train + n_val)
+    return train, val, test
