@@ -93,15 +93,16 @@ def main() -> None:
     parser.add_argument("--gpu-memory-utilization", type=float, default=None)
     args = parser.parse_args()
 
-    from vllm_pamer.vllm_cpu import prepare_vllm_cpu
+    from vllm_pamer.adapters.launch import prepare_vllm_cpu
 
     prepare_vllm_cpu()
     from transformers import AutoTokenizer
 
     from vllm_pamer.default_model import ensure_default_model
+    from vllm_pamer.model_config import model_max_len
     from vllm_pamer.offline_engine import CaptureEngine
     from vllm_pamer.training.data import load_states
-    from vllm_pamer.training.extract import ChatPrompter, extract, model_max_len, select_points, token_limit
+    from vllm_pamer.training.extract import ChatPrompter, extract, select_points, token_limit
 
     model_dir = Path(args.model).resolve() if args.model else ensure_default_model(quiet=True)
     points = annotated_points(model_dir)
@@ -116,8 +117,12 @@ def main() -> None:
     # -- the extractor -------------------------------------------------------------
     started = time.monotonic()
     engine = CaptureEngine(
-        model_dir, max_model_len=max_model_len, dtype=args.dtype, seed=args.seed,
-        gpu_memory_utilization=args.gpu_memory_utilization, max_num_batched_tokens=args.max_num_batched_tokens,
+        model_dir,
+        max_model_len=max_model_len,
+        dtype=args.dtype,
+        seed=args.seed,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        max_num_batched_tokens=args.max_num_batched_tokens,
         disable_log_stats=False,
     )
     engine_start = time.monotonic() - started
@@ -149,11 +154,15 @@ def main() -> None:
         f"{len({p.label.trajectory_id for p in points})} trajectories: {n_states} states, "
         f"{tokens} prompt tokens ({sum(m['truncated'] for m in meta)} full contexts cut to {prompter.limit})"
     )
-    print(f"extractor : {result.extract_s:8.1f} s  {ours:7.2f} states/s   (engine start {engine_start:.1f} s, "
-          f"prefix-cache hit rate {hit_rate if hit_rate is None else f'{hit_rate:.1%}'})")
+    print(
+        f"extractor : {result.extract_s:8.1f} s  {ours:7.2f} states/s   (engine start {engine_start:.1f} s, "
+        f"prefix-cache hit rate {hit_rate if hit_rate is None else f'{hit_rate:.1%}'})"
+    )
     print(f"HF loop   : {hf_seconds:8.1f} s  {theirs:7.2f} states/s")
-    print(f"speed-up  : {ours / theirs:.2f}x  (with engine start-up: "
-          f"{n_states / (result.extract_s + engine_start) / theirs:.2f}x)")
+    print(
+        f"speed-up  : {ours / theirs:.2f}x  (with engine start-up: "
+        f"{n_states / (result.extract_s + engine_start) / theirs:.2f}x)"
+    )
     print(f"cosine full    : mean {cos_full.mean():.5f}  min {cos_full.min():.5f}")
     print(f"cosine recent2 : mean {cos_recent.mean():.5f}  min {cos_recent.min():.5f}")
     print(f"load average before {load_before[0]:.1f}, after {load_after[0]:.1f}")

@@ -1,8 +1,8 @@
 """Kernel benchmarks: torch eager vs the fused Triton kernels, against the
 bandwidth floor. Ratios to compare, not timed tests.
 
-    .venv/bin/python benchmarks/kernels.py            # cuda if present, else cpu
-    .venv/bin/python benchmarks/kernels.py --device cpu --reps 5
+    .venv/bin/python -m benchmarks.kernels            # cuda if present, else cpu
+    .venv/bin/python -m benchmarks.kernels --device cpu --reps 5
 
 For each size it prints the median time of torch eager and of the fused
 kernel, their ratio, and the time of a device-to-device copy measured in the
@@ -37,14 +37,11 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from vllm_pamer.kernels import cosine_topk_reference, five_head_vote_reference  # noqa: E402
+from vllm_pamer.kernels import cosine_topk_reference, five_head_vote_reference
 
 
 class Timer:
@@ -88,7 +85,7 @@ class Timer:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 fn()
-        except Exception as exc:  # noqa: BLE001 - reported, the row goes on
+        except Exception as exc:
             tqdm.write(f"graph capture failed: {exc!r}", file=sys.stderr)
             return None
         return self(graph.replay)
@@ -140,8 +137,13 @@ def bench_vote(timer: Timer, device: torch.device, fused: bool, batches, d: int)
             want, got = five_head_vote_reference(*args), five_head_vote_triton(*args)
             torch.testing.assert_close(got[0], want[0], atol=1e-3, rtol=1e-3)  # a sanity check, not the test
             fused_t = timer(lambda: five_head_vote_triton(*args))
-            e_g, f_g = timer.graph(lambda: five_head_vote_reference(*args)), timer.graph(lambda: five_head_vote_triton(*args))
-            graph_rows.append(f"| {B} | {d} | {fmt_time(e_g)} | {fmt_time(f_g)} | {ratio(e_g, f_g)} | {ratio(f_g, floor)} |")
+            e_g, f_g = (
+                timer.graph(lambda: five_head_vote_reference(*args)),
+                timer.graph(lambda: five_head_vote_triton(*args)),
+            )
+            graph_rows.append(
+                f"| {B} | {d} | {fmt_time(e_g)} | {fmt_time(f_g)} | {ratio(e_g, f_g)} | {ratio(f_g, floor)} |"
+            )
         rows.append(
             f"| {B} | {d} | bf16 / fp32 | {fmt_time(eager)} | {fmt_time(fused_t)} | {ratio(eager, fused_t)} "
             f"| {read / 2**20:.1f} MiB | {fmt_time(floor)} | {ratio(eager, floor)} | {ratio(fused_t, floor)} |"
@@ -186,8 +188,13 @@ def bench_topk(timer, device, fused, sizes, dims, batch, k, dtype, cpu_max_bytes
                 if want is not None:  # a sanity check, not the test
                     torch.testing.assert_close(got[1], want.values, atol=1e-3, rtol=1e-3)
                 fused_t = timer(lambda: cosine_topk_triton(q, qs, m, rs, k))
-                e_g, f_g = timer.graph(lambda: topk_torch_eager(q, qs, m, rs, k)), timer.graph(lambda: cosine_topk_triton(q, qs, m, rs, k))
-                graph_rows.append(f"| {n:,} | {e} | {fmt_time(e_g)} | {fmt_time(f_g)} | {ratio(e_g, f_g)} | {ratio(f_g, floor)} |")
+                e_g, f_g = (
+                    timer.graph(lambda: topk_torch_eager(q, qs, m, rs, k)),
+                    timer.graph(lambda: cosine_topk_triton(q, qs, m, rs, k)),
+                )
+                graph_rows.append(
+                    f"| {n:,} | {e} | {fmt_time(e_g)} | {fmt_time(f_g)} | {ratio(e_g, f_g)} | {ratio(f_g, floor)} |"
+                )
             else:
                 path = timer(lambda: cosine_topk_reference(q, qs, m, rs, k))
             rows.append(
@@ -217,26 +224,35 @@ def sweep(timer: Timer, device: torch.device) -> list[str]:
                 got = call(**cfg)
                 torch.testing.assert_close(got[1 if name == "topk" else 0].float(), want, atol=2e-3, rtol=2e-3)
                 results.append((timer.graph(lambda: call(**cfg)), cfg))
-            except Exception as exc:  # noqa: BLE001 - a config that fails to compile or is wrong is skipped
+            except Exception as exc:
                 tqdm.write(f"{name} {size} {cfg}: {type(exc).__name__}: {str(exc)[:120]}", file=sys.stderr)
         default = next((t for t, c in results if not c), None)
         timed = [(t, c) for t, c in results if t is not None]
         t_best, c_best = min(timed, key=lambda r: r[0]) if timed else (None, None)
-        rows.append(f"| {name} | {size} | {fmt_time(default)} | {fmt_time(t_best)} | {c_best} | {ratio(default, t_best)} |")
+        rows.append(
+            f"| {name} | {size} | {fmt_time(default)} | {fmt_time(t_best)} | {c_best} | {ratio(default, t_best)} |"
+        )
         tqdm.write(rows[-1], file=sys.stderr)
 
     d = 4096
     w1 = (torch.randn(5, d, 256, generator=g) / math.sqrt(d)).to(device)
     b1, w2 = (0.1 * torch.randn(5, 256, generator=g)).to(device), (torch.randn(5, 256, generator=g) / 16).to(device)
     b2, thr = (0.1 * torch.randn(5, generator=g)).to(device), torch.zeros(5, device=device)
-    vote_cfgs = [{}] + [dict(block_w=w, block_d=bd, num_splits=ns)
-                        for w in (32, 64) for bd in (32, 64, 128) for ns in (None, 1, 8)]
+    vote_cfgs = [{}] + [
+        dict(block_w=w, block_d=bd, num_splits=ns) for w in (32, 64) for bd in (32, 64, 128) for ns in (None, 1, 8)
+    ]
     for B in (1, 16, 128):
         for w_dtype in (torch.float32, torch.bfloat16):
             x = torch.randn(B, d, generator=g).to(device=device, dtype=torch.bfloat16)
             args = (x, w1.to(w_dtype), b1, w2, b2, thr, 3)
             want = five_head_vote_reference(*args)[0]
-            best_of("vote", f"B={B} heads {str(w_dtype).split('.')[-1]}", lambda **c: five_head_vote_triton(*args, **c), want, vote_cfgs)
+            best_of(
+                "vote",
+                f"B={B} heads {str(w_dtype).split('.')[-1]}",
+                lambda **c: five_head_vote_triton(*args, **c),
+                want,
+                vote_cfgs,
+            )
     topk_cfgs = [{}] + [dict(block_n=bn, block_e=be) for bn in (64, 128, 256) for be in (32, 64, 128)]
     for n, e in ((100_000, 1024), (1_000_000, 1024), (100_000, 4096), (1_000_000, 4096)):
         m = torch.empty(n, e, dtype=torch.bfloat16, device=device)
@@ -285,12 +301,16 @@ def main() -> None:
     topk_rows, topk_graph = bench_topk(timer, device, fused, sizes, dims, 16, 8, topk_dtype, args.cpu_max_bytes)
 
     print("\n## five_head_vote (d = 4096, 5 heads x 256, min_votes = 3)\n")
-    print(f"| B | d | x / heads | torch eager | fused Triton | speed-up | bytes read | floor | eager x floor | fused x floor |")
+    print(
+        "| B | d | x / heads | torch eager | fused Triton | speed-up | bytes read | floor | eager x floor | fused x floor |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(vote_rows))
     second = "fused Triton" if fused else "torch path (cosine_topk on CPU)"
     print("\n## cosine_topk (B = 16 queries, k = 8, 16 interleaved sessions)\n")
-    print(f"| N | e | B | M dtype | torch mm + topk | {second} | speed-up | bytes read | floor | eager x floor | {'fused' if fused else 'path'} x floor |")
+    print(
+        f"| N | e | B | M dtype | torch mm + topk | {second} | speed-up | bytes read | floor | eager x floor | {'fused' if fused else 'path'} x floor |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(topk_rows))
     if fused:

@@ -5,8 +5,8 @@ freshly started server with the same flags. Prints each round, then per policy
 the median steps / min of each side and the ratio b/a, with the prefill
 computed, peak KV use and preemptions that explain it.
 
-    .venv/bin/python benchmarks/kv_budget.py                           # 2 rounds, mini-swe, none + pamer
-    .venv/bin/python benchmarks/kv_budget.py --rounds 2 --swe 4 --concurrency 4 --small-kv-gib 0.5
+    .venv/bin/python -m benchmarks.kv_budget                           # 2 rounds, mini-swe, none + pamer
+    .venv/bin/python -m benchmarks.kv_budget --rounds 2 --swe 4 --concurrency 4 --small-kv-gib 0.5
 
 Workload: the first ``--swe`` mini-swe trajectories (``../shared`` data where it
 exists, else the shipped sample), at most ``--max-steps`` requests each,
@@ -29,23 +29,25 @@ from pathlib import Path
 
 import msgspec
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from benchmarks.ab_rounds import interleaved_rounds  # noqa: E402
-from benchmarks.policies import KV_TOKENS_RE, policy_options, shared_or_shipped, start_server  # noqa: E402
-from vllm_pamer.default_model import ensure_default_model, shipped_heads  # noqa: E402
-from vllm_pamer.replay.client import ReplaySettings, connect, plan_replay, replay_policy  # noqa: E402
-from vllm_pamer.replay.report import PolicyRow, fmt, summarize  # noqa: E402
+from benchmarks.policies import policy_options, shared_or_shipped, start_server
+from vllm_pamer.default_model import ensure_default_model, shipped_heads
+from vllm_pamer.replay.ab import interleaved_rounds
+from vllm_pamer.replay.client import ReplaySettings, connect, plan_replay, replay_policy
+from vllm_pamer.replay.report import PolicyRow, fmt, summarize
+from vllm_pamer.replay.sittings import KV_TOKENS_RE
 
 SIDES = ("a: default KV", "b: small KV")
 
 
 async def one_round(url: str, policies: list[str], plans, args) -> dict[str, PolicyRow]:
-    settings = ReplaySettings(url=url, max_tokens=args.max_tokens, concurrency=args.concurrency,
-                              reset_prefix_cache=True, progress=False)
+    settings = ReplaySettings(
+        url=url, max_tokens=args.max_tokens, concurrency=args.concurrency, reset_prefix_cache=True, progress=False
+    )
     rows = {}
     async with connect(settings) as (client, model):
-        warm_up = [msgspec.structs.replace(plans[0], steps=plans[0].steps[:1])]  # a fresh server's first request is slow
+        warm_up = [
+            msgspec.structs.replace(plans[0], steps=plans[0].steps[:1])
+        ]  # a fresh server's first request is slow
         await replay_policy(client, settings, model, "none", warm_up)
         for policy in policies:
             records, run = await replay_policy(client, settings, model, policy, plans)
@@ -62,9 +64,13 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--summary-tokens", type=int, default=96, help="summary / cue / recall length")
-    parser.add_argument("--small-kv-gib", type=float, default=0.25,
-                        help="side b's KV cache (vLLM's --kv-cache-memory-bytes); it must hold one "
-                             "--max-model-len request (0.25 GiB: 11.6k tokens of the default model)")
+    parser.add_argument(
+        "--small-kv-gib",
+        type=float,
+        default=0.25,
+        help="side b's KV cache (vLLM's --kv-cache-memory-bytes); it must hold one "
+        "--max-model-len request (0.25 GiB: 11.6k tokens of the default model)",
+    )
     parser.add_argument("--serve-args", default="--enforce-eager --enable-prompt-tokens-details")
     args = parser.parse_args()
 
@@ -89,26 +95,39 @@ def main() -> None:
         return SIDES[side] + "".join(
             f"\n  {policy}: {row.answered}/{row.requests} answered, {fmt(row.steps_per_min, 'rate')} steps/min, "
             f"prefill computed {fmt(row.prefill_computed)}, peak KV {fmt(row.peak_kv_usage, 'pct')}, "
-            f"preemptions {fmt(row.preemptions)}" for policy, row in rows.items())
+            f"preemptions {fmt(row.preemptions)}"
+            for policy, row in rows.items()
+        )
 
     by_side, logs = interleaved_rounds(args.rounds, start, measure, describe, "kv-budget-")
     results = {p: [[rows[p] for rows in side] for side in by_side] for p in policies}
 
-    print("\n| policy | steps / min, a | steps / min, b | b/a (median of rounds) | b/a per round pair "
-          "| prefill computed, a | prefill computed, b | peak KV, b | preemptions, b |")
+    print(
+        "\n| policy | steps / min, a | steps / min, b | b/a (median of rounds) | b/a per round pair "
+        "| prefill computed, a | prefill computed, b | peak KV, b | preemptions, b |"
+    )
     print("|" + "---|" * 9)
     for policy, (a, b) in results.items():
         rate_a = statistics.median(r.steps_per_min for r in a)
         rate_b = statistics.median(r.steps_per_min for r in b)
         pairs = ", ".join(f"{rb.steps_per_min / ra.steps_per_min:.3f}" for ra, rb in zip(a, b))
-        cells = [policy, fmt(rate_a, "rate"), fmt(rate_b, "rate"), f"{rate_b / rate_a:.3f}", pairs,
-                 fmt(statistics.median(r.prefill_computed or 0 for r in a)),
-                 fmt(statistics.median(r.prefill_computed or 0 for r in b)),
-                 fmt(max(r.peak_kv_usage or 0 for r in b), "pct"), fmt(max(r.preemptions or 0 for r in b))]
+        cells = [
+            policy,
+            fmt(rate_a, "rate"),
+            fmt(rate_b, "rate"),
+            f"{rate_b / rate_a:.3f}",
+            pairs,
+            fmt(statistics.median(r.prefill_computed or 0 for r in a)),
+            fmt(statistics.median(r.prefill_computed or 0 for r in b)),
+            fmt(max(r.peak_kv_usage or 0 for r in b), "pct"),
+            fmt(max(r.preemptions or 0 for r in b)),
+        ]
         print("| " + " | ".join(cells) + " |")
-    print(f"\nworkload: {len(plans)} mini-swe trajectories, {requests} requests, concurrency {args.concurrency}, "
-          f"max_tokens {args.max_tokens}; KV cache a: {'/'.join(sorted(kv_tokens[0])) or '?'} tokens, "
-          f"b ({args.small_kv_gib} GiB): {'/'.join(sorted(kv_tokens[1])) or '?'} tokens; server logs in {logs}")
+    print(
+        f"\nworkload: {len(plans)} mini-swe trajectories, {requests} requests, concurrency {args.concurrency}, "
+        f"max_tokens {args.max_tokens}; KV cache a: {'/'.join(sorted(kv_tokens[0])) or '?'} tokens, "
+        f"b ({args.small_kv_gib} GiB): {'/'.join(sorted(kv_tokens[1])) or '?'} tokens; server logs in {logs}"
+    )
 
 
 if __name__ == "__main__":

@@ -5,8 +5,8 @@ rounds (a b b a, so a linear drift of the machine cancels), each round on a
 freshly started server with the same flags. Prints each round and the
 throughput ratio b/a.
 
-    .venv/bin/python benchmarks/overhead.py                      # 2 rounds, 4 trajectories
-    .venv/bin/python benchmarks/overhead.py --rounds 3 --trajectories 8 --concurrency 4
+    .venv/bin/python -m benchmarks.overhead                      # 2 rounds, 4 trajectories
+    .venv/bin/python -m benchmarks.overhead --rounds 3 --trajectories 8 --concurrency 4
 
 Workload: the first ``--steps`` requests of ``--trajectories`` shipped tau-bench
 trajectories, as an agent sends them (whole history each step), ``--concurrency``
@@ -20,22 +20,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from benchmarks.ab_rounds import interleaved_rounds  # noqa: E402
-from vllm_pamer.default_model import DEFAULT_MODEL_NAME, ensure_default_model, shipped_heads  # noqa: E402
-from vllm_pamer.demo import ServerProcess, ensure_demo_heads  # noqa: E402
-from vllm_pamer.trajectories import agent_requests, load_trajectories  # noqa: E402
-from tests.e2e.helpers import free_port  # noqa: E402
+from vllm_pamer.default_model import DEFAULT_MODEL_NAME, ensure_default_model, shipped_heads
+from vllm_pamer.demo import ensure_demo_heads
+from vllm_pamer.replay.ab import interleaved_rounds
+from vllm_pamer.server_process import ServerProcess
+from vllm_pamer.trajectories import agent_requests, load_trajectories
 
 
-async def workload(url: str, sessions: list[list[list[dict]]], concurrency: int, max_tokens: int) -> tuple[float, int, int]:
+async def workload(
+    url: str, sessions: list[list[list[dict]]], concurrency: int, max_tokens: int
+) -> tuple[float, int, int]:
     """Seconds, requests and prompt tokens for the whole workload."""
     gate = asyncio.Semaphore(concurrency)
     prompt_tokens = 0
@@ -45,8 +44,9 @@ async def workload(url: str, sessions: list[list[list[dict]]], concurrency: int,
         async with gate:
             for history in steps:
                 body = {"model": DEFAULT_MODEL_NAME, "messages": history, "max_tokens": max_tokens, "temperature": 0}
-                response = await client.post(f"{url}/v1/chat/completions", json=body,
-                                             headers={"X-Session-ID": f"overhead-{index}"})
+                response = await client.post(
+                    f"{url}/v1/chat/completions", json=body, headers={"X-Session-ID": f"overhead-{index}"}
+                )
                 response.raise_for_status()
                 prompt_tokens += response.json()["usage"]["prompt_tokens"]
         return len(steps)
@@ -77,7 +77,7 @@ def main() -> None:
     )
 
     def start(side: int, log: Path) -> ServerProcess:
-        return ServerProcess([*sides[side][1], *args.serve_args.split()], free_port(), log)
+        return ServerProcess([*sides[side][1], *args.serve_args.split()], None, log)
 
     def measure(side: int, server: ServerProcess) -> tuple[float, int, int]:
         asyncio.run(workload(server.base_url, sessions[:1], 1, args.max_tokens))  # warm-up
@@ -85,13 +85,15 @@ def main() -> None:
 
     def describe(side: int, result: tuple[float, int, int]) -> str:
         seconds, requests, prompt = result
-        return (f"{sides[side][0]}: {requests} requests in {seconds:.2f} s "
-                f"({requests / seconds:.3f} req/s, {prompt / seconds:.0f} prompt tok/s)")
+        return (
+            f"{sides[side][0]}: {requests} requests in {seconds:.2f} s "
+            f"({requests / seconds:.3f} req/s, {prompt / seconds:.0f} prompt tok/s)"
+        )
 
     by_side, logs = interleaved_rounds(args.rounds, start, measure, describe, "overhead-")
     results = {name: by_side[side] for side, (name, _) in enumerate(sides)}
 
-    print(f"\n| server | rounds | req/s (median) | prompt tok/s (median) |\n|---|---|---|---|")
+    print("\n| server | rounds | req/s (median) | prompt tok/s (median) |\n|---|---|---|---|")
     rates = {}
     for name, runs in results.items():
         rates[name] = statistics.median(r / s for s, r, _ in runs)
@@ -99,8 +101,10 @@ def main() -> None:
     a, b = rates.values()
     pairs = [rb[1] / rb[0] / (ra[1] / ra[0]) for ra, rb in zip(*results.values())]
     print(f"\nthroughput b/a: {b / a:.3f} (median of rates); per round: {', '.join(f'{p:.3f}' for p in pairs)}")
-    print(f"workload: {len(sessions)} trajectories x {args.steps} steps, concurrency {args.concurrency}, "
-          f"max_tokens {args.max_tokens}; server logs in {logs}")
+    print(
+        f"workload: {len(sessions)} trajectories x {args.steps} steps, concurrency {args.concurrency}, "
+        f"max_tokens {args.max_tokens}; server logs in {logs}"
+    )
 
 
 if __name__ == "__main__":

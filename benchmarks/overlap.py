@@ -6,7 +6,7 @@ replays one real tau-bench trajectory as an agent would (waiting
 and prints the latency of compressing requests, of all requests, and the
 ratios sync / overlap measured in this run.
 
-    .venv/bin/python benchmarks/overlap.py [--steps 20] [--tool-seconds 2] [--summary-max-tokens 256]
+    .venv/bin/python -m benchmarks.overlap [--steps 20] [--tool-seconds 2] [--summary-max-tokens 256]
 """
 
 from __future__ import annotations
@@ -19,14 +19,15 @@ import time
 from pathlib import Path
 
 from vllm_pamer.default_model import DEFAULT_MODEL_NAME, ensure_default_model
-from vllm_pamer.demo import ServerProcess
+from vllm_pamer.server_process import ServerProcess
 from vllm_pamer.trajectories import agent_requests, load_trajectories
 
 
 def make_compress_heads(model_dir: Path, path: Path) -> Path:
-    from vllm_pamer.core.heads import ModelFingerprint, constant_heads, save_heads
+    from vllm_pamer.core.heads import constant_heads, save_heads
+    from vllm_pamer.model_config import model_fingerprint
 
-    fingerprint = ModelFingerprint.from_model_dir(model_dir, DEFAULT_MODEL_NAME)
+    fingerprint = model_fingerprint(model_dir, DEFAULT_MODEL_NAME)
     save_heads(constant_heads(fingerprint, 10.0), path)
     return path
 
@@ -37,9 +38,18 @@ def run_mode(mode: str, args, heads: Path, workdir: Path, port: int) -> list[dic
 
     options = {"summary_max_tokens": args.summary_max_tokens, "summarize_ahead": mode == "overlap"}
     server = ServerProcess(
-        ["--pamer-policy", "pamer", "--pamer-policy-options", json.dumps(options), "--pamer-heads", str(heads),
-         "--enforce-eager"],
-        port, workdir / f"{mode}.log", env={"PAMER_STORE": str(workdir / f"{mode}.sqlite3")},
+        [
+            "--pamer-policy",
+            "pamer",
+            "--pamer-policy-options",
+            json.dumps(options),
+            "--pamer-heads",
+            str(heads),
+            "--enforce-eager",
+        ],
+        port,
+        workdir / f"{mode}.log",
+        env={"PAMER_STORE": str(workdir / f"{mode}.sqlite3")},
     )
     rows = []
     try:
@@ -50,7 +60,10 @@ def run_mode(mode: str, args, heads: Path, workdir: Path, port: int) -> list[dic
         for _, history in tqdm(requests_, desc=f"replay ({mode})"):
             start = time.perf_counter()
             response = client.chat.completions.create(
-                model=DEFAULT_MODEL_NAME, messages=history, max_tokens=args.max_tokens, temperature=0,
+                model=DEFAULT_MODEL_NAME,
+                messages=history,
+                max_tokens=args.max_tokens,
+                temperature=0,
                 extra_headers={"X-Session-ID": f"bench-{mode}"},
             )
             latency = time.perf_counter() - start
@@ -89,16 +102,24 @@ def main() -> None:
         workdir = Path(tmp)
         heads = make_compress_heads(model_dir, workdir / "heads.safetensors")
         results = {mode: summarize(run_mode(mode, args, heads, workdir, args.port)) for mode in ("sync", "overlap")}
-    print(f"\ntrajectory {args.trajectory}, {args.steps} requests, tool time {args.tool_seconds} s, "
-          f"summary <= {args.summary_max_tokens} tokens, heads always vote compress\n")
-    print("| mode | requests | compressions | written ahead | compressing request latency (s) | mean latency (s) | sum of latencies (s) |")
+    print(
+        f"\ntrajectory {args.trajectory}, {args.steps} requests, tool time {args.tool_seconds} s, "
+        f"summary <= {args.summary_max_tokens} tokens, heads always vote compress\n"
+    )
+    print(
+        "| mode | requests | compressions | written ahead | compressing request latency (s) | mean latency (s) | sum of latencies (s) |"
+    )
     print("|---|---|---|---|---|---|---|")
     for mode, r in results.items():
-        print(f"| {mode} | {r['requests']} | {r['compressions']} | {r['ahead']} | {r['compress_latency_s']:.2f} | "
-              f"{r['mean_latency_s']:.2f} | {r['total_latency_s']:.1f} |")
+        print(
+            f"| {mode} | {r['requests']} | {r['compressions']} | {r['ahead']} | {r['compress_latency_s']:.2f} | "
+            f"{r['mean_latency_s']:.2f} | {r['total_latency_s']:.1f} |"
+        )
     sync, overlap = results["sync"], results["overlap"]
-    print(f"\nratio sync/overlap: compressing-request latency {sync['compress_latency_s'] / overlap['compress_latency_s']:.2f}x, "
-          f"sum of latencies {sync['total_latency_s'] / overlap['total_latency_s']:.2f}x")
+    print(
+        f"\nratio sync/overlap: compressing-request latency {sync['compress_latency_s'] / overlap['compress_latency_s']:.2f}x, "
+        f"sum of latencies {sync['total_latency_s'] / overlap['total_latency_s']:.2f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -63,10 +63,10 @@ Embedders:
 * ``minilm`` - all-MiniLM-L6-v2 (``vllm_pamer.embedders.MiniLMEmbedder``).
 
 Usage:
-    python benchmarks/retrieval.py                       # shipped sample, both embedders
-    python benchmarks/retrieval.py --data ../shared/data/trajectories/tau_airline.jsonl.gz \
+    python -m benchmarks.retrieval                       # shipped sample, both embedders
+    python -m benchmarks.retrieval --data ../shared/data/trajectories/tau_airline.jsonl.gz \
         --out /tmp/retrieval_full.md [--limit 60]
-    python benchmarks/retrieval.py --embedders minilm    # no vLLM engine
+    python -m benchmarks.retrieval --embedders minilm    # no vLLM engine
 """
 
 from __future__ import annotations
@@ -88,12 +88,9 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-if __package__ in (None, ""):  # run as a script from anywhere
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from vllm_pamer.core.blocks import split_conversation  # noqa: E402
-from vllm_pamer.core.text import cap_head_and_tail, serialize_messages  # noqa: E402
-from vllm_pamer.trajectories import agent_requests, load_trajectories  # noqa: E402
+from vllm_pamer.core.blocks import split_conversation
+from vllm_pamer.core.text import cap_head_and_tail, serialize_messages
+from vllm_pamer.trajectories import agent_requests, load_trajectories
 
 
 @dataclass(frozen=True)
@@ -136,6 +133,7 @@ class TrajectoryCheck:
 
 # -- case extraction (pure) ------------------------------------------------------------
 
+
 def flatten_values(obj: Any, min_len: int = 3) -> list[str]:
     """String and number leaves of a JSON value (dict keys excluded), as text."""
     out: list[str] = []
@@ -153,9 +151,8 @@ def flatten_values(obj: Any, min_len: int = 3) -> list[str]:
             text = str(int(x)) if isinstance(x, float) and x.is_integer() else str(x)
             if len(text) >= min_len:
                 out.append(text)
-        elif isinstance(x, str):
-            if len(x.strip()) >= min_len:
-                out.append(x.strip())
+        elif isinstance(x, str) and len(x.strip()) >= min_len:
+            out.append(x.strip())
 
     walk(obj)
     return list(dict.fromkeys(out))
@@ -211,7 +208,7 @@ def check_trajectory(trajectory: dict, cfg: CheckConfig = CheckConfig()) -> Traj
         candidates: dict[str, str] = {v: "next" for v in call_values(next_message, cfg.min_value_len)}
         for v in gt:
             candidates.setdefault(v, "next" if v in next_text else "task")
-        query = serialize_messages(prefix[-1:] + recent_messages)[-cfg.query_chars:]
+        query = serialize_messages(prefix[-1:] + recent_messages)[-cfg.query_chars :]
         for value, origin in candidates.items():
             if value in context:
                 continue
@@ -224,6 +221,7 @@ def check_trajectory(trajectory: dict, cfg: CheckConfig = CheckConfig()) -> Traj
 
 
 # -- ranking and metrics ---------------------------------------------------------------
+
 
 def rank_memories(query: np.ndarray, memories: np.ndarray) -> list[int]:
     """Memory ids by cosine descending, ties to the lower id (cosine_top_k's order);
@@ -293,6 +291,7 @@ def bootstrap_ci(values: np.ndarray, groups: np.ndarray, n_boot: int = 2000, see
 
 # -- embedders ---------------------------------------------------------------------------
 
+
 class ServedStateEmbedder:
     """The served model's final-norm state at the last token (what
     EngineServices.embed returns), from a real offline vLLM engine with the
@@ -300,8 +299,13 @@ class ServedStateEmbedder:
 
     name = "served"
 
-    def __init__(self, model_dir: str | Path | None = None, max_model_len: int | None = None,
-                 gpu_memory_utilization: float = 0.15, capture_wait_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        model_dir: str | Path | None = None,
+        max_model_len: int | None = None,
+        gpu_memory_utilization: float = 0.15,
+        capture_wait_s: float = 30.0,
+    ) -> None:
         self.model_dir = model_dir
         self.max_model_len = max_model_len
         self.gpu_memory_utilization = gpu_memory_utilization
@@ -311,7 +315,7 @@ class ServedStateEmbedder:
         self.llm = None
 
     def start(self) -> None:
-        from vllm_pamer.vllm_cpu import prepare_vllm_cpu
+        from vllm_pamer.adapters.launch import prepare_vllm_cpu
 
         prepare_vllm_cpu()
         import msgspec
@@ -340,8 +344,10 @@ class ServedStateEmbedder:
         os.environ[CHANNEL_ENV] = f"ipc://{self._sock_path}"  # inherited by the engine
         try:
             kwargs = dict(
-                model=str(model_dir), enforce_eager=True,
-                gpu_memory_utilization=self.gpu_memory_utilization, seed=0,
+                model=str(model_dir),
+                enforce_eager=True,
+                gpu_memory_utilization=self.gpu_memory_utilization,
+                seed=0,
             )
             if self.max_model_len:
                 kwargs["max_model_len"] = self.max_model_len
@@ -371,7 +377,7 @@ class ServedStateEmbedder:
         prompts, params, keys = [], [], []
         for text in texts:
             # as EngineServices.embed: no special tokens, keep the end of the text
-            ids = self.tokenizer.encode(text, add_special_tokens=False)[-(self.max_len - 2):] or [0]
+            ids = self.tokenizer.encode(text, add_special_tokens=False)[-(self.max_len - 2) :] or [0]
             key = uuid.uuid4().hex
             keys.append(key)
             prompts.append(TokensPrompt(prompt_token_ids=ids))
@@ -394,7 +400,7 @@ class ServedStateEmbedder:
         if self.llm is not None:
             try:
                 self.llm.llm_engine.engine_core.shutdown()
-            except Exception:  # noqa: BLE001 - best effort at exit
+            except Exception:
                 pass
             self.llm = None
         self._stop.set()
@@ -419,8 +425,10 @@ class _MiniLMRunner:
 
     def embed_batch(self, texts: Sequence[str]) -> np.ndarray:
         chunk = 64
-        parts = [self.embedder.embed_batch(texts[s:s + chunk])
-                 for s in tqdm(range(0, len(texts), chunk), desc="minilm", unit="batch")]
+        parts = [
+            self.embedder.embed_batch(texts[s : s + chunk])
+            for s in tqdm(range(0, len(texts), chunk), desc="minilm", unit="batch")
+        ]
         out = np.concatenate(parts) if parts else np.zeros((0, 384), np.float32)
         self.dim = out.shape[1]
         return out
@@ -461,12 +469,20 @@ def make_runner(name: str, args):
 
 # -- report -------------------------------------------------------------------------------
 
+
 def fmt(x: float, digits: int = 3) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
 
-def build_report(args, checks: list[TrajectoryCheck], cases: list[Case], methods: list[MethodResult],
-                 speed: dict[str, dict[str, float]], labels: dict[str, str], dims: dict[str, int]) -> str:
+def build_report(
+    args,
+    checks: list[TrajectoryCheck],
+    cases: list[Case],
+    methods: list[MethodResult],
+    speed: dict[str, dict[str, float]],
+    labels: dict[str, str],
+    dims: dict[str, int],
+) -> str:
     groups = np.array([c.trajectory for c in cases])
     big = np.array([c.n_memories > 3 for c in cases], bool)
     nxt = np.array([c.origin == "next" for c in cases], bool)
@@ -476,8 +492,11 @@ def build_report(args, checks: list[TrajectoryCheck], cases: list[Case], methods
         "# Retrieval check: memory recall on tau-bench airline",
         "",
         f"data: `{source}`"
-        + (f", {len(checks)} trajectories (random subset, --limit {args.limit}, seed {args.seed})" if args.limit else
-           f", {len(checks)} trajectories"),
+        + (
+            f", {len(checks)} trajectories (random subset, --limit {args.limit}, seed {args.seed})"
+            if args.limit
+            else f", {len(checks)} trajectories"
+        ),
         f"settings: group {args.group} blocks/memory, R = {args.retained} blocks, memory text = raw serialized blocks "
         f"capped to {args.memory_chars} chars (stand-in for a summary), query = task + R (last {args.query_chars} chars), "
         f"requests with >= {args.min_memories} memories, values >= {args.min_value_len} chars"
@@ -510,15 +529,24 @@ def build_report(args, checks: list[TrajectoryCheck], cases: list[Case], methods
         a, b = by_name[first], by_name[second]
         diff = b.rr - a.rr
         lo, hi = bootstrap_ci(diff, groups)
-        lines += ["", f"MRR difference {b.name} - {a.name}: {fmt(float(diff.mean()) if len(cases) else math.nan)} "
-                      f"(95% CI {fmt(lo)} to {fmt(hi)}, trajectory bootstrap); cases where only {a.name} ranks a "
-                      f"relevant memory first: {int(((a.hit1 == 1) & (b.hit1 == 0)).sum())}, only {b.name}: "
-                      f"{int(((b.hit1 == 1) & (a.hit1 == 0)).sum())}"]
+        lines += [
+            "",
+            f"MRR difference {b.name} - {a.name}: {fmt(float(diff.mean()) if len(cases) else math.nan)} "
+            f"(95% CI {fmt(lo)} to {fmt(hi)}, trajectory bootstrap); cases where only {a.name} ranks a "
+            f"relevant memory first: {int(((a.hit1 == 1) & (b.hit1 == 0)).sum())}, only {b.name}: "
+            f"{int(((b.hit1 == 1) & (a.hit1 == 0)).sum())}",
+        ]
     lines += ["", "| embedder | texts embedded | embed s | texts/s | load/start s |", "|---|---|---|---|---|"]
     for name, s in speed.items():
-        lines.append(f"| {labels.get(name, name)} | {int(s['texts'])} | {fmt(s['seconds'], 1)} | "
-                     f"{fmt(s['texts'] / s['seconds'] if s['seconds'] > 0 else math.nan, 1)} | {fmt(s['start'], 1)} |")
-    lines += ["", "hit@3 is 1 for every method when a request has <= 3 memories; hit@1 and MRR carry the signal there.", ""]
+        lines.append(
+            f"| {labels.get(name, name)} | {int(s['texts'])} | {fmt(s['seconds'], 1)} | "
+            f"{fmt(s['texts'] / s['seconds'] if s['seconds'] > 0 else math.nan, 1)} | {fmt(s['start'], 1)} |"
+        )
+    lines += [
+        "",
+        "hit@3 is 1 for every method when a request has <= 3 memories; hit@1 and MRR carry the signal there.",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -541,8 +569,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.15)
     args = parser.parse_args(argv)
 
-    cfg = CheckConfig(args.group, args.retained, args.memory_chars, args.query_chars, args.min_memories,
-                      args.min_value_len, args.exclude_old)
+    cfg = CheckConfig(
+        args.group,
+        args.retained,
+        args.memory_chars,
+        args.query_chars,
+        args.min_memories,
+        args.min_value_len,
+        args.exclude_old,
+    )
     trajectories = [t for t in load_trajectories(args.data, kind="tau") if t.get("ground_truth_actions") is not None]
     if args.limit and args.limit < len(trajectories):
         rng = np.random.default_rng(args.seed)
@@ -589,16 +624,20 @@ def main(argv: list[str] | None = None) -> int:
         def ranker(vectors=vectors, queries: dict[int, np.ndarray] | None = None):
             """Order of a case's memories by cosine to its query: the text
             query's vector, or ``queries[id(case)]`` where given."""
+
             def order_of(case: Case) -> list[int]:
-                mem = np.stack([vectors[texts[t]] for t in by_traj[case.trajectory].memories[:case.n_memories]])
+                mem = np.stack([vectors[texts[t]] for t in by_traj[case.trajectory].memories[: case.n_memories]])
                 query = (queries or {}).get(id(case))
                 return rank_memories(vectors[texts[case.query]] if query is None else query, mem)
+
             return order_of
 
         methods.append(score_method(name, cases, ranker()))
         if name == "served" and cases:
-            labels["served-captured"] = (f"{runner.label.replace('last token', 'previous request')}, "
-                                         "query = captured state of the previous request's prompt")
+            labels["served-captured"] = (
+                f"{runner.label.replace('last token', 'previous request')}, "
+                "query = captured state of the previous request's prompt"
+            )
             dims["served-captured"] = dims[name]
             methods.append(score_method("served-captured", cases, ranker(queries=captured)))
     methods.append(score_method("recency", cases, lambda c: list(range(c.n_memories - 1, -1, -1))))

@@ -13,5 +13,5 @@ PY=${PY:-python3}
 # the interpreter tests are CPU CI's (they run on the machine's own triton/numpy)
 timeout 240 $PY -m pytest -q -p no:cacheprovider tests/kernels -rs -k "${PYTEST_K:-not interpreter}" 2>&1 | tee "$OUT/pytest-kernels.log"
 echo "pytest rc=$?" | tee -a "$OUT/pytest-kernels.log"
-timeout 420 $PY benchmarks/kernels.py --reps 30 --sweep > "$OUT/kernels-bench.md" 2> "$OUT/kernels-bench.err"
+timeout 420 $PY -m benchmarks.kernels --reps 30 --sweep > "$OUT/kernels-bench.md" 2> "$OUT/kernels-bench.err"
 echo "bench rc=$?"; cat "$OUT/kernels-bench.md"; tail -5 "$OUT/kernels-bench.err"

@@ -3,11 +3,9 @@ vLLM engine costs tens of seconds on two cores, so tests share them."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
-from vllm_pamer.vllm_cpu import prepare_vllm_cpu
+from vllm_pamer.adapters.launch import prepare_vllm_cpu
 
 prepare_vllm_cpu()
 

@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from tests.chat_strategies import valid_messages
 from vllm_pamer.core.blocks import split_conversation
 from vllm_pamer.core.salient import action_values, message_text, occurs, salient_values
-from vllm_pamer.trajectories import agent_requests, load_trajectories
 from vllm_pamer.training import annotate as A
 from vllm_pamer.training.annotate import (
     Annotator,
@@ -28,6 +27,7 @@ from vllm_pamer.training.annotate import (
     decision_contexts,
 )
 from vllm_pamer.training.cli import annotate_main, summarize
+from vllm_pamer.trajectories import agent_requests, load_trajectories
 
 # --- builders for hand-made conversations ---------------------------------------------
 
@@ -46,7 +46,9 @@ def call(call_id, name, **arguments):
     return {
         "role": "assistant",
         "content": None,
-        "tool_calls": [{"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}],
+        "tool_calls": [
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+        ],
     }
 
 
@@ -110,7 +112,9 @@ def test_date_is_one_value_not_a_number():
 
 
 def test_action_values_use_argument_values_not_keys_or_tool_name():
-    action = call("c1", "book_reservation", user_id="mia_li_3668", first_name="Noah", cabin="economy", amount=250, insurance=True)
+    action = call(
+        "c1", "book_reservation", user_id="mia_li_3668", first_name="Noah", cabin="economy", amount=250, insurance=True
+    )
     assert action_values(action) == {"mia_li_3668", "Noah", "250"}
 
 
@@ -229,9 +233,7 @@ def test_old_value_used_within_horizon_is_no_compression():
 
 
 def test_old_value_used_after_the_horizon_is_compression():
-    traj = _long_history(
-        [say("a"), user("no"), say("b"), user("ok"), say("c"), user("ok"), say("Book HAT500?")]
-    )
+    traj = _long_history([say("a"), user("no"), say("b"), user("ok"), say("c"), user("ok"), say("Book HAT500?")])
     points = by_index(annotate_trajectory(traj, char_counter))
     assert points[8].compression == 1  # HAT500 comes back at the 4th action
     assert points[10].compression == 0 and points[10].compression_values == ["HAT500"]
@@ -239,9 +241,7 @@ def test_old_value_used_after_the_horizon_is_compression():
 
 def test_value_repeated_after_the_decision_is_not_old_evidence():
     # The next action's tool result repeats HAT500: a_t+1 may read it there.
-    traj = _long_history(
-        [call("c6", "search", origin="JFK"), result("c6", "HAT500"), say("Book HAT500?")]
-    )
+    traj = _long_history([call("c6", "search", origin="JFK"), result("c6", "HAT500"), say("Book HAT500?")])
     assert by_index(annotate_trajectory(traj, char_counter))[8].compression == 1
 
 
@@ -310,7 +310,9 @@ def _naive(traj, n_recent=2, horizon=3, min_old_tokens=1024):
 
         def old_only(value, until):
             newer = r + messages[i:until]
-            return in_any(value, o) and not in_any(value, p) and not in_any(value, newer) and first_is_observation(value)
+            return (
+                in_any(value, o) and not in_any(value, p) and not in_any(value, newer) and first_is_observation(value)
+            )
 
         recall = None
         if old:
@@ -331,7 +333,12 @@ def test_fast_annotation_matches_the_naive_rule_on_shipped_trajectories(kind):
 
 
 def test_shipped_trajectories_have_both_labels():
-    points = [p for kind in ("tau", "swe") for t in load_trajectories(None, kind) for p in annotate_trajectory(t, char_counter)]
+    points = [
+        p
+        for kind in ("tau", "swe")
+        for t in load_trajectories(None, kind)
+        for p in annotate_trajectory(t, char_counter)
+    ]
     assert {p.recall for p in points} == {None, 0, 1}
     assert {p.compression for p in points} == {None, 0, 1}
     for p in points:
@@ -391,10 +398,19 @@ def test_a_second_annotator_plugs_in(monkeypatch):
         def annotate(self, trajectory):
             return [
                 DecisionPoint(
-                    trajectory_id=trajectory["id"], step=c.step, message_index=c.message_index,
-                    n_messages=c.message_index, n_old_blocks=c.n_old_blocks, old_tokens=c.old_tokens,
-                    turn=c.turn, last_tool=c.last_tool, recall=1 if c.n_old_blocks else None,
-                    compression=None, recall_values=[], source=trajectory["source"], annotator=self.name,
+                    trajectory_id=trajectory["id"],
+                    step=c.step,
+                    message_index=c.message_index,
+                    n_messages=c.message_index,
+                    n_old_blocks=c.n_old_blocks,
+                    old_tokens=c.old_tokens,
+                    turn=c.turn,
+                    last_tool=c.last_tool,
+                    recall=1 if c.n_old_blocks else None,
+                    compression=None,
+                    recall_values=[],
+                    source=trajectory["source"],
+                    annotator=self.name,
                 )
                 for c in decision_contexts(trajectory, self.count_tokens, self.settings)
             ]

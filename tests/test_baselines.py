@@ -15,19 +15,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.chat_strategies import conversations, join
-from tests.test_pamer import COMPRESS, KEEP
-from tests.test_sam import SamServices
+from tests.fakes import COMPRESS, KEEP, FakeEngine, blocking
 from vllm_pamer.core.blocks import protocol_issues, split_conversation
-from vllm_pamer.core.memory_store import MemoryStore
 from vllm_pamer.core.pipeline import rewrite_request
-from vllm_pamer.core.policies import PolicyRequest, available_policies, create_policy
+from vllm_pamer.core.policies import PolicyContext, PolicyRequest, available_policies, create_policy
 from vllm_pamer.core.policies.baselines import RecentK, SlidingWindow, _LastBlocks
-from vllm_pamer.core.policies.pamer import MEMORY_HEADER, PamerContext
 from vllm_pamer.core.policies.summaries import NO_EMBEDDER
+from vllm_pamer.core.policies.summary import MEMORY_HEADER
+from vllm_pamer.stores.sqlite import SqliteStore
 
-class Services(SamServices):
-    """test_sam's stand-in (4 characters a token; a summary lists the ``ID..``
-    words of its source; ``complete`` for PaMER+ and SAM), recording sources."""
+
+class Services(FakeEngine):
+    """The shared stand-in (4 characters a token; a summary lists the ``ID..``
+    words of its source; ``complete`` for PaMER+ and SAM) with SAM's window,
+    recording sources."""
+
+    max_model_len = 4096
 
     def __init__(self, summary_error: Exception | None = None) -> None:
         super().__init__()
@@ -61,12 +64,12 @@ def decide(name: str, messages: list[dict], **options):
 
 def run(name, messages, store, services, session="s1", vote=None, **options):
     policy = create_policy(name, options)
-    return asyncio.run(rewrite_request(messages, session, policy, vote, PamerContext(store, services)))
+    return asyncio.run(rewrite_request(messages, session, policy, vote, PolicyContext(store, services)))
 
 
 @pytest.fixture
 def store(tmp_path):
-    return MemoryStore(tmp_path / "memory.sqlite3", model_fingerprint="test")
+    return SqliteStore(tmp_path / "memory.sqlite3", model_fingerprint="test")
 
 
 # --- configs -------------------------------------------------------------------
@@ -170,7 +173,7 @@ def test_periodic_summary_counts_old_blocks(store):
     messages = chat(5)
     outcome = run("periodic_summary", messages, store, services, **options)
     assert outcome.action == "compressed"
-    [m1] = store.load("s1").memories
+    [m1] = blocking(store).load("s1").memories
     memo1 = {"role": "user", "content": f"{MEMORY_HEADER}\n\n[memory {m1.id}] SUMMARY ID0 ID1 ID2"}
     assert outcome.messages == messages[:2] + [memo1] + blocks_of(messages, 3)
     assert m1.embedder == NO_EMBEDDER
@@ -187,7 +190,7 @@ def test_periodic_summary_counts_old_blocks(store):
     messages = chat(8)
     outcome = run("periodic_summary", messages, store, services, **options)
     assert outcome.action == "compressed"
-    m1, m2 = store.load("s1").memories
+    m1, m2 = blocking(store).load("s1").memories
     assert m2.summary == "SUMMARY ID3 ID4 ID5"
     memo = f"{MEMORY_HEADER}\n\n[memory {m1.id}] {m1.summary}\n\n[memory {m2.id}] {m2.summary}"
     assert outcome.messages == messages[:2] + [{"role": "user", "content": memo}] + blocks_of(messages, 6)
@@ -208,7 +211,7 @@ def test_rolling_summary_supersedes_the_previous_summary(store):
     # 5 blocks: 3 old reach the trigger -> memory 1 of blocks 0-2
     messages = chat(5)
     outcome = run("rolling_summary", messages, store, services, **options)
-    [m1] = store.load("s1").memories
+    [m1] = blocking(store).load("s1").memories
     assert outcome.action == "compressed" and m1.summary == "SUMMARY ID0 ID1 ID2"
     assert outcome.messages == messages[:2] + [
         {"role": "user", "content": f"{MEMORY_HEADER}\n\n[memory {m1.id}] {m1.summary}"}
@@ -217,7 +220,7 @@ def test_rolling_summary_supersedes_the_previous_summary(store):
     # 8 blocks: live 3-7, old 3-5 -> one summary of (memory 1 + blocks 3-5) supersedes it
     messages = chat(8)
     outcome = run("rolling_summary", messages, store, services, **options)
-    m1, m2 = store.load("s1").memories
+    m1, m2 = blocking(store).load("s1").memories
     assert services.sources[-1].startswith(f"summary of the steps before these: {m1.summary}\n")
     assert m2.summary == "SUMMARY ID0 ID1 ID2 ID3 ID4 ID5"
     newest = {"role": "user", "content": f"{MEMORY_HEADER}\n\n[memory {m2.id}] {m2.summary}"}
@@ -241,7 +244,7 @@ def test_summary_failure_sends_the_original(store, name, options):
     outcome = run(name, messages, store, services, summary_attempts=2, **options)
     assert outcome.action == "fallback:summary_failure" and "engine down" in outcome.detail
     assert outcome.messages == messages
-    assert store.load("s1").memories == []
+    assert blocking(store).load("s1").memories == []
 
 
 @pytest.mark.parametrize("name, options", [("periodic_summary", {"n": 1}), ("rolling_summary", {"trigger_tokens": 1})])
@@ -287,7 +290,7 @@ _sessions = itertools.count()
 
 @pytest.fixture(scope="module")
 def shared_store(tmp_path_factory):
-    return MemoryStore(tmp_path_factory.mktemp("property") / "memory.sqlite3")
+    return SqliteStore(tmp_path_factory.mktemp("property") / "memory.sqlite3")
 
 
 @pytest.mark.parametrize("name", POLICIES)
@@ -298,7 +301,7 @@ def test_every_policy_keeps_protocol_and_prefix(shared_store, name, conv, votes)
     protocol-valid and starts with the prefix."""
     prefix, parts = conv
     policy = create_policy(name, OPTIONS.get(name, {}))
-    context = PamerContext(shared_store, Services())
+    context = PolicyContext(shared_store, Services())
     session = f"{name}-{next(_sessions)}"
 
     async def session_requests():

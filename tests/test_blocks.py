@@ -92,7 +92,7 @@ def test_old_and_recent_with_zero_keeps_nothing_recent(conv):
 
 @given(conversations(min_blocks=1))
 def test_block_id_is_stable_across_deep_copies(conv):
-    prefix, parts = conv
+    _prefix, parts = conv
     for block in parts:
         assert block_id(block) == block_id(copy.deepcopy(block))
         assert Block(tuple(block)).block_id == block_id(block)
@@ -100,7 +100,7 @@ def test_block_id_is_stable_across_deep_copies(conv):
 
 @given(conversations(min_blocks=1), st.data())
 def test_block_id_changes_when_a_tool_result_changes(conv, data):
-    prefix, parts = conv
+    _prefix, parts = conv
     positions = _tool_positions(parts)
     assume(positions)
     bi, mi = data.draw(st.sampled_from(positions))
@@ -216,9 +216,7 @@ _CALL = {"id": "a", "type": "function", "function": {"name": "f", "arguments": "
         pytest.param(
             [{"role": "user", "content": "u"}, {"role": "tool", "content": "r"}], id="tool-without-tool_call_id"
         ),
-        pytest.param(
-            [{"role": "tool", "content": "r", "tool_call_id": 7}], id="tool-with-non-string-tool_call_id"
-        ),
+        pytest.param([{"role": "tool", "content": "r", "tool_call_id": 7}], id="tool-with-non-string-tool_call_id"),
         pytest.param([{"role": "user", "content": "u", "tool_calls": [_CALL]}], id="tool_calls-on-user"),
         pytest.param([{"role": "assistant", "content": None, "tool_calls": _CALL}], id="tool_calls-not-a-list"),
         pytest.param(

@@ -54,7 +54,7 @@ def _record(i: int) -> CaptureRecord:
         hidden=hidden.tobytes(),
         head_logits=[0.5 * i, -1.25, 3.0, 0.0, -0.125] if i != 2 else None,
         votes=i,
-        decision=i % 2 == 0,
+        compress_vote=i % 2 == 0,
         heads_error="no heads" if i == 2 else None,
     )
 
@@ -179,8 +179,17 @@ def test_publisher_to_receiver_with_layer_taps(address, publishers):
         hidden = np.arange(4, dtype="<f4")
         layers = np.arange(2 * 3 * 4, dtype="<f4").reshape(2, 3, 4)
         publisher = publishers(address)
-        publisher.publish(CaptureRecord(key="a", request_id="r", session_id=None, num_prompt_tokens=9,
-                                        hidden=hidden.tobytes(), layers=layers.tobytes(), layer_tokens=9))
+        publisher.publish(
+            CaptureRecord(
+                key="a",
+                request_id="r",
+                session_id=None,
+                num_prompt_tokens=9,
+                hidden=hidden.tobytes(),
+                layers=layers.tobytes(),
+                layer_tokens=9,
+            )
+        )
         publisher.publish(_record(1))
         records = receiver.drain(expect=2, timeout_s=5.0)
         assert [r.key for r in records] == ["a", _record(1).key]

@@ -8,17 +8,21 @@ import sys
 import pytest
 import torch
 
-from vllm_pamer.config import PamerConfig
 from vllm_pamer.core.heads import HeadsMismatch, ModelFingerprint, random_heads, save_heads
-from vllm_pamer.engine.capture import WorkerCapture
+from vllm_pamer.settings import Settings
+from vllm_pamer.worker.capture import WorkerCapture
 
-OTHER_MODEL = ModelFingerprint("LlamaForCausalLM", hidden_size=64, num_hidden_layers=2, vocab_size=1000, model_name="other")
+OTHER_MODEL = ModelFingerprint(
+    "LlamaForCausalLM", hidden_size=64, num_hidden_layers=2, vocab_size=1000, model_name="other"
+)
 
 
 def _serve(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "vllm_pamer.cli", "serve", *args],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -39,8 +43,10 @@ def test_worker_refuses_heads_of_another_model(tmp_path):
     """The plain `vllm serve` path: the worker checks the heads at model load."""
     heads = tmp_path / "other.safetensors"
     save_heads(random_heads(OTHER_MODEL), heads)
-    served = ModelFingerprint("LlamaForCausalLM", hidden_size=576, num_hidden_layers=30, vocab_size=49152, model_name="x")
+    served = ModelFingerprint(
+        "LlamaForCausalLM", hidden_size=576, num_hidden_layers=30, vocab_size=49152, model_name="x"
+    )
     with pytest.raises(HeadsMismatch, match="hidden_size"):
-        WorkerCapture(PamerConfig(heads=str(heads)), served, torch.device("cpu"))
+        WorkerCapture(Settings(heads=str(heads)), served, torch.device("cpu"))
     # the matching model loads
-    assert WorkerCapture(PamerConfig(heads=str(heads)), OTHER_MODEL, torch.device("cpu")).heads is not None
+    assert WorkerCapture(Settings(heads=str(heads)), OTHER_MODEL, torch.device("cpu")).heads is not None

@@ -39,6 +39,7 @@ def _cos(a: np.ndarray, b: np.ndarray) -> float:
 
 # -- MiniLM ------------------------------------------------------------------------------
 
+
 @needs_minilm
 def test_dim_unit_norm_float32(minilm):
     vectors = minilm.embed_batch(["The flight to Boston was cancelled.", ""])
@@ -75,11 +76,13 @@ def test_truncates_long_texts_at_256_tokens(minilm):
 
 @needs_minilm
 def test_similar_sentences_score_higher(minilm):
-    a, b, c = minilm.embed_batch([
-        "I need to cancel my flight reservation.",
-        "Please cancel the booking I made for my flight.",
-        "The recipe needs two cups of flour and an egg.",
-    ])
+    a, b, c = minilm.embed_batch(
+        [
+            "I need to cancel my flight reservation.",
+            "Please cancel the booking I made for my flight.",
+            "The recipe needs two cups of flour and an egg.",
+        ]
+    )
     assert _cos(a, b) > _cos(a, c) + 0.2
 
 
@@ -115,6 +118,7 @@ def test_missing_package_error(monkeypatch):
 
 # -- retrieval check: case extraction ------------------------------------------------------
 
+
 def _retrieval():
     """benchmarks/retrieval.py as a module (benchmarks/ is not a package)."""
     name = "pamer_bench_retrieval"
@@ -128,9 +132,13 @@ def _retrieval():
 
 
 def _call(call_id: str, name: str, **kwargs) -> dict:
-    return {"role": "assistant", "content": None, "tool_calls": [
-        {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(kwargs)}}
-    ]}
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(kwargs)}}
+        ],
+    }
 
 
 def _tool(call_id: str, content: dict) -> dict:
@@ -144,19 +152,19 @@ def _tiny_trajectory() -> dict:
     messages = [
         {"role": "system", "content": "You are an airline agent."},
         {"role": "user", "content": "Hi, I am user USR_AAA1 and want to cancel a trip."},
-        _call("c0", "get_user_details", user_id="USR_AAA1"),                # 2  block 0
+        _call("c0", "get_user_details", user_id="USR_AAA1"),  # 2  block 0
         _tool("c0", {"reservations": ["RES777"], "payment": "card_5551"}),
-        _call("c1", "search_flights", origin="BOS", date="2024-06-01"),     # 4  block 1
+        _call("c1", "search_flights", origin="BOS", date="2024-06-01"),  # 4  block 1
         _tool("c1", {"flights": ["FLT100"]}),
-        _call("c2", "search_flights", origin="JFK", date="2024-06-02"),     # 6  block 2
+        _call("c2", "search_flights", origin="JFK", date="2024-06-02"),  # 6  block 2
         _tool("c2", {"flights": ["FLT200"]}),
-        _call("c3", "search_flights", origin="SFO", date="2024-06-03"),     # 8  block 3
+        _call("c3", "search_flights", origin="SFO", date="2024-06-03"),  # 8  block 3
         _tool("c3", {"flights": ["FLT300"]}),
-        _call("c4", "search_flights", origin="SEA", date="2024-06-04"),     # 10 block 4
+        _call("c4", "search_flights", origin="SEA", date="2024-06-04"),  # 10 block 4
         _tool("c4", {"flights": ["FLT400"]}),
-        _call("c5", "book", flight="FLT900", payment="card_5551"),          # 12 block 5
+        _call("c5", "book", flight="FLT900", payment="card_5551"),  # 12 block 5
         _tool("c5", {"ok": True}),
-        _call("c6", "cancel_reservation", reservation_id="RES777"),         # 13 next message
+        _call("c6", "cancel_reservation", reservation_id="RES777"),  # 13 next message
         _tool("c6", {"ok": True}),
     ]
     # payment card_5551 and FLT900 are in R (blocks 4-5) at the last request;
@@ -171,9 +179,9 @@ def _tiny_trajectory() -> dict:
 
 def test_flatten_values():
     r = _retrieval()
-    assert r.flatten_values({"a": "RES777", "b": [{"c": 350, "d": 2.0, "e": 12.5}], "f": True, "g": None, "h": "ab"}) == [
-        "RES777", "350", "12.5"
-    ]
+    assert r.flatten_values(
+        {"a": "RES777", "b": [{"c": 350, "d": 2.0, "e": 12.5}], "f": True, "g": None, "h": "ab"}
+    ) == ["RES777", "350", "12.5"]
 
 
 def test_case_extraction_on_a_tiny_trajectory():

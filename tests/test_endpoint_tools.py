@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
+from vllm_pamer.adapters.serving import template_tools, validate_chat_request
 from vllm_pamer.core.policies.sam import memory_tool
-from vllm_pamer.server.endpoint import PamerReport, PamerServer, _offered_tools, template_tools
+from vllm_pamer.core.tokens import TokenCounter
+from vllm_pamer.server.output import PamerReport
+from vllm_pamer.server.tool_rounds import offered_tools
 
 MEMORY = (memory_tool(5),)
 CLIENT = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
@@ -15,7 +16,7 @@ CLIENT = [{"type": "function", "function": {"name": "lookup", "parameters": {"ty
 
 def offered(body, client_tools=CLIENT, auto_tools=True):
     report = PamerReport(session_id="s", policy="sam", action="rewritten")
-    names = [t["function"]["name"] for t in _offered_tools(MEMORY, body, client_tools, report, auto_tools)]
+    names = [t["function"]["name"] for t in offered_tools(MEMORY, body, client_tools, report, auto_tools)]
     return names, report.detail
 
 
@@ -51,45 +52,36 @@ TOOLS_TEMPLATE = (
 )
 
 
-def tools_server(tokenizer_dir):
+def tools_counter(tokenizer_dir):
     from transformers import AutoTokenizer
-
-    from vllm_pamer.channel import CaptureInbox
-    from vllm_pamer.server.engine_services import EngineServices
 
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     tokenizer.chat_template = TOOLS_TEMPLATE
-    return SimpleNamespace(services=EngineServices(None, tokenizer, CaptureInbox("ipc://unused"), 8192))
+    return TokenCounter(tokenizer)
 
 
 def test_prompt_token_counts_include_the_tools_the_engine_renders(tokenizer_dir):
-    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
-
-    server = tools_server(tokenizer_dir)
+    counter = tools_counter(tokenizer_dir)
     messages = [{"role": "user", "content": "find order 42"}]
     tools = CLIENT + [dict(t) for t in MEMORY]
-    request = ChatCompletionRequest.model_validate({"model": "m", "messages": messages, "tools": tools})
+    request = validate_chat_request({"model": "m", "messages": messages, "tools": tools})
     rendered = template_tools(request.tools, request.tool_choice, exclude_when_choice_none=False)
     assert [t["function"]["name"] for t in rendered] == ["lookup", "memory"]
 
     def count(tools):
-        return PamerServer.count_prompt_tokens(server, messages, None, tools)
+        return counter.request(messages, tools)
 
     bare, client_only, both = count(None), count(rendered[:1]), count(rendered)
     assert bare < client_only < both  # each tool's schema is part of the prompt
-    tokenizer = server.services.tokenizer
+    tokenizer = counter.tokenizer
     text = tokenizer.apply_chat_template(messages, tools=rendered, tokenize=False, add_generation_prompt=True)
     assert '"name": "memory"' in text
     assert both == len(tokenizer.encode(text, add_special_tokens=False))
-    # the policies' window guard counts the same request the same way
-    assert server.services.prompt_tokens(messages, rendered) == both
 
 
 @pytest.mark.parametrize("exclude, want", [(False, ["lookup"]), (True, None)])
 def test_template_tools_follow_the_servers_tool_choice_none_rule(exclude, want):
-    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
-
-    request = ChatCompletionRequest.model_validate(
+    request = validate_chat_request(
         {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": CLIENT, "tool_choice": "none"}
     )
     tools = template_tools(request.tools, request.tool_choice, exclude_when_choice_none=exclude)

@@ -9,7 +9,6 @@ import pytest
 import torch
 from safetensors.numpy import save_file
 
-from vllm_pamer.kernels.five_head_vote import five_head_vote, five_head_vote_reference
 from vllm_pamer.core.heads import (
     HEADS_FORMAT,
     HIDDEN_WIDTH,
@@ -21,6 +20,7 @@ from vllm_pamer.core.heads import (
     random_heads,
     save_heads,
 )
+from vllm_pamer.kernels.five_head_vote import five_head_vote, five_head_vote_reference
 
 TENSORS = ("w1", "b1", "w2", "b2", "thresholds")
 FP = ModelFingerprint(

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 
+from vllm_pamer.adapters.vllm_0_32.worker_v1 import V1Step
 from vllm_pamer.channel import CaptureRecord
-from vllm_pamer.engine.layer_taps import LayerTaps, blocks_at_depths, parse_layers, tap_names
+from vllm_pamer.worker.layer_taps import LayerTaps, blocks_at_depths, parse_layers, tap_names
 
 WIDTH = 3
 
@@ -58,7 +59,7 @@ def _step(req_ids, computed, prompts, scheduled, finished=()):
 
 
 def _run(taps, model, step, rows):
-    taps.begin_step(*step)
+    taps.begin_step(V1Step(*step))
     model(rows)
     taps.end_step()
 
@@ -75,8 +76,15 @@ def test_chunked_prompt_gives_last_and_mean_of_every_tap():
     _run(taps, model, _step(["d", "a"], [10, 3], [4, 5], [1, 2]), torch.cat([decode, prompt[3:]]))
     raw, tokens = taps.pop("a")
     assert tokens == 5
-    record = CaptureRecord(key="k", request_id="a", session_id=None, num_prompt_tokens=5,
-                           hidden=np.zeros(WIDTH, "<f4").tobytes(), layers=raw, layer_tokens=tokens)
+    record = CaptureRecord(
+        key="k",
+        request_id="a",
+        session_id=None,
+        num_prompt_tokens=5,
+        hidden=np.zeros(WIDTH, "<f4").tobytes(),
+        layers=raw,
+        layer_tokens=tokens,
+    )
     last, mean = record.layer_states()
     streams = [prompt * 2, prompt * 6, -prompt * 6]  # block1, block2, norm
     for tap, stream in enumerate(streams):

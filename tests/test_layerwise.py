@@ -34,13 +34,33 @@ def test_train_cli_writes_the_layerwise_report(tmp_path):
     write_shards(tmp_path / "states", full, full, meta)
     model = tmp_path / "model"
     model.mkdir()
-    (model / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 16,
-        "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 32, "vocab_size": 128,
-    }))
+    (model / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "hidden_size": 16,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 2,
+                "intermediate_size": 32,
+                "vocab_size": 128,
+            }
+        )
+    )
     report = tmp_path / "report"
-    args = ["--states", str(tmp_path / "states"), "--out", str(tmp_path / "h.safetensors"), "--model", str(model),
-            "--epochs", "5", "--no-ablations", "--layer-states", str(tmp_path / "layers")]
+    args = [
+        "--states",
+        str(tmp_path / "states"),
+        "--out",
+        str(tmp_path / "h.safetensors"),
+        "--model",
+        str(model),
+        "--epochs",
+        "5",
+        "--no-ablations",
+        "--layer-states",
+        str(tmp_path / "layers"),
+    ]
     with pytest.raises(SystemExit):  # the diagnostic writes into a report
         train_main(args)
     assert train_main(args + ["--report", str(report)]) == 0

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from vllm_pamer.core.memory_store import Memory
-from vllm_pamer.core.policies.pamer import cosine_top_k
-from vllm_pamer.engine.memory_index import MemoryIndex
+from vllm_pamer.core.recall import cosine_top_k
+from vllm_pamer.core.store import Memory
+from vllm_pamer.server.memory_index import MemoryIndex
 
 
 def memories(session: str, n: int, dim: int, seed: int) -> list[Memory]:

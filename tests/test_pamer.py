@@ -6,121 +6,71 @@ tests/e2e/test_pamer_serve.py."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import sqlite3
 
 import numpy as np
 import pytest
 
+from tests.fakes import COMPRESS, KEEP, FakeEngine, blocking, conversation
 from vllm_pamer.core.blocks import protocol_issues, split_conversation
-from vllm_pamer.core.memory_store import MemoryStore
 from vllm_pamer.core.pipeline import rewrite_request
-from vllm_pamer.core.policies import HeadVote, create_policy
-from vllm_pamer.core.policies.pamer import MEMORY_HEADER, SERVED_STATE_EMBEDDER, PamerContext
-
-COMPRESS = HeadVote((5.0,) * 5, 5, True)
-KEEP = HeadVote((-5.0,) * 5, 0, False)
-
-
-class Services:
-    """Deterministic services: bag-of-words embeddings, 4 characters a token."""
-
-    embedder_name = "bag-of-words"
-
-    def __init__(self, summary_error=None, embed_error=None, summary_delay=0.0):
-        self.summary_error, self.embed_error, self.summary_delay = summary_error, embed_error, summary_delay
-        self.summaries = 0
-
-    async def summarize(self, source, max_tokens):
-        await asyncio.sleep(self.summary_delay)
-        if self.summary_error:
-            raise self.summary_error
-        self.summaries += 1
-        return "SUMMARY " + " ".join(sorted(set(w for w in source.split() if w.startswith("ID"))))
-
-    async def embed(self, text):
-        if self.embed_error:
-            raise self.embed_error
-        vector = np.zeros(64, dtype=np.float32)
-        for word in text.split():
-            vector[int(hashlib.md5(word.encode()).hexdigest(), 16) % 64] += 1
-        return vector
-
-    def count_tokens(self, messages):
-        return sum(len(str(m.get("content") or "")) + len(str(m.get("tool_calls") or "")) for m in messages) // 4
-
-
-def conversation(n_blocks: int, chars: int = 900) -> list[dict]:
-    messages = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Task: fix ID-task"}]
-    for i in range(n_blocks):
-        call = {"id": f"c{i}", "type": "function", "function": {"name": "lookup", "arguments": f'{{"k": "ID{i}"}}'}}
-        messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        messages.append({"role": "tool", "tool_call_id": f"c{i}", "content": f"ID{i} " + "x" * chars})
-    return messages
+from vllm_pamer.core.policies import PolicyContext, create_policy
+from vllm_pamer.core.policies.summary import MEMORY_HEADER
+from vllm_pamer.core.recall import SERVED_STATE_EMBEDDER
+from vllm_pamer.stores.sqlite import SqliteStore
 
 
 def run(messages, store, services, vote, session="s1", **options):
     policy = create_policy("pamer", options)
-    return asyncio.run(rewrite_request(messages, session, policy, vote, PamerContext(store, services)))
+    return asyncio.run(rewrite_request(messages, session, policy, vote, PolicyContext(store, services)))
 
 
 @pytest.fixture
 def store(tmp_path):
-    return MemoryStore(tmp_path / "memory.sqlite3", model_fingerprint="test")
+    return SqliteStore(tmp_path / "memory.sqlite3", model_fingerprint="test")
 
 
 def test_compression_commits_then_sends_prefix_and_recent(store):
     messages = conversation(8)
-    outcome = run(messages, store, Services(), COMPRESS)
+    outcome = run(messages, store, FakeEngine(), COMPRESS)
     assert outcome.action == "compressed"
     blocks = split_conversation(messages).blocks
     assert outcome.messages == messages[:2] + list(blocks[-2].messages) + list(blocks[-1].messages)
-    [memory] = store.load("s1").memories
+    [memory] = blocking(store).load("s1").memories
     assert set(memory.covered_block_ids) == {b.block_id for b in blocks[:-2]}
     assert "ID0" in memory.summary and "ID5" in memory.summary
-    raw = store.raw_blocks("s1", list(memory.covered_block_ids))
+    raw = blocking(store).raw_blocks("s1", list(memory.covered_block_ids))
     assert [raw[b.block_id] for b in blocks[:-2]] == [list(b.messages) for b in blocks[:-2]]
-    assert [e["kind"] for e in store.events("s1")] == ["compression_started", "compressed"]
+    assert [e["kind"] for e in blocking(store).events("s1")] == ["compression_started", "compressed"]
 
 
 def test_later_request_drops_covered_blocks_and_recalls_after_prefix(store):
     messages = conversation(8)
-    run(messages, store, Services(), COMPRESS)
+    run(messages, store, FakeEngine(), COMPRESS)
     later = conversation(10)  # the agent resends everything plus two new blocks
-    outcome = run(later, store, Services(), KEEP)
+    outcome = run(later, store, FakeEngine(), KEEP)
     assert outcome.action == "recalled"
-    assert outcome.recalled == (store.load("s1").memories[0].id,)  # reported for clients
+    assert outcome.recalled == (blocking(store).load("s1").memories[0].id,)  # reported for clients
     assert outcome.messages[:2] == later[:2]
     assert outcome.messages[2]["content"].startswith(MEMORY_HEADER)
     # covered blocks are gone; the two formerly recent blocks and the new ones stay raw
-    assert outcome.messages[3:] == later[2 + 2 * 6:]
+    assert outcome.messages[3:] == later[2 + 2 * 6 :]
     assert protocol_issues(outcome.messages) == []
     # a repeat gives the very same request (stable for the prefix cache)
-    assert run(later, store, Services(), KEEP).messages == outcome.messages
+    assert run(later, store, FakeEngine(), KEEP).messages == outcome.messages
 
 
 def test_below_gate_never_compresses(store):
-    outcome = run(conversation(8, chars=40), store, Services(), COMPRESS)
-    assert outcome.action == "none" and store.load("s1").memories == []
+    outcome = run(conversation(8, chars=40), store, FakeEngine(), COMPRESS)
+    assert outcome.action == "none" and blocking(store).load("s1").memories == []
 
 
 def test_missing_vote_skips_compression_but_recall_still_works(store):
-    run(conversation(8), store, Services(), COMPRESS)
-    outcome = run(conversation(20), store, Services(), None)
+    run(conversation(8), store, FakeEngine(), COMPRESS)
+    outcome = run(conversation(20), store, FakeEngine(), None)
     assert outcome.action == "recalled"
     assert "compression skipped" in outcome.detail
-    assert len(store.load("s1").memories) == 1
-
-
-class WindowServices(Services):
-    """A served window of ``window`` tokens; the request's tools count 50 tokens each."""
-
-    def __init__(self, window, **kwargs):
-        super().__init__(**kwargs)
-        self.max_model_len = window
-
-    def prompt_tokens(self, messages, tools=None):
-        return self.count_tokens(messages) + 50 * len(tools or [])
+    assert len(blocking(store).load("s1").memories) == 1
 
 
 @pytest.mark.parametrize("vote", [None, KEEP])
@@ -128,28 +78,28 @@ def test_window_guard_compresses_a_request_the_window_cannot_hold(store, vote):
     """No vote can come from a request the engine refuses (it is never
     prefilled), so without the guard the session would stay refused."""
     messages = conversation(8)  # about 2,000 tokens at 4 characters a token
-    outcome = run(messages, store, WindowServices(window=1_800), vote)
+    outcome = run(messages, store, FakeEngine(window=1_800), vote)
     assert outcome.action == "compressed" and "longer than the window" in outcome.detail
-    assert len(store.load("s1").memories) == 1
-    assert "window_guard" in [e["kind"] for e in store.events("s1")]
+    assert len(blocking(store).load("s1").memories) == 1
+    assert "window_guard" in [e["kind"] for e in blocking(store).events("s1")]
 
 
 def test_window_guard_counts_the_tools_and_can_be_turned_off(store):
     messages, tools = conversation(8), [{"type": "function", "function": {"name": f"t{i}"}} for i in range(4)]
     policy = create_policy("pamer", {})
-    fits = asyncio.run(rewrite_request(messages, "s1", policy, KEEP, PamerContext(store, WindowServices(2_100))))
+    fits = asyncio.run(rewrite_request(messages, "s1", policy, KEEP, PolicyContext(store, FakeEngine(window=2_100))))
     assert fits.action == "none"  # fits without the tools
     with_tools = asyncio.run(
-        rewrite_request(messages, "s1", policy, KEEP, PamerContext(store, WindowServices(2_100)), tools=tools)
+        rewrite_request(messages, "s1", policy, KEEP, PolicyContext(store, FakeEngine(window=2_100)), tools=tools)
     )
     assert with_tools.action == "compressed"  # 200 tool tokens push it past the window
-    off = run(conversation(8), store, WindowServices(window=1_800), None, session="s2", window_guard=False)
-    assert off.action == "none" and "compression skipped" in off.detail and store.load("s2").memories == []
+    off = run(conversation(8), store, FakeEngine(window=1_800), None, session="s2", window_guard=False)
+    assert off.action == "none" and "compression skipped" in off.detail and blocking(store).load("s2").memories == []
 
 
-class CountingWindowServices(WindowServices):
+class CountingWindowServices(FakeEngine):
     def __init__(self, window, **kwargs):
-        super().__init__(window, **kwargs)
+        super().__init__(window=window, **kwargs)
         self.whole_counts = 0
 
     def prompt_tokens(self, messages, tools=None):
@@ -164,33 +114,37 @@ def test_window_guard_trusts_the_servers_count_below_the_window(store):
     messages = conversation(8)
     policy = create_policy("pamer", {})
     services = CountingWindowServices(2_100)
-    below = asyncio.run(rewrite_request(messages, "s1", policy, KEEP, PamerContext(store, services),
-                                        prompt_tokens=2_099))
+    below = asyncio.run(
+        rewrite_request(messages, "s1", policy, KEEP, PolicyContext(store, services), prompt_tokens=2_099)
+    )
     assert below.action == "none" and services.whole_counts == 0
     # at the window the guard counts what would go out itself: it fits (no
     # memory covers a block yet, so that is the request, about 2,000 tokens)
-    at = asyncio.run(rewrite_request(messages, "s1", policy, KEEP, PamerContext(store, services),
-                                     prompt_tokens=2_100))
+    at = asyncio.run(rewrite_request(messages, "s1", policy, KEEP, PolicyContext(store, services), prompt_tokens=2_100))
     assert at.action == "none" and services.whole_counts == 1
-    over = asyncio.run(rewrite_request(messages, "s1", policy, KEEP, PamerContext(store, CountingWindowServices(1_800)),
-                                       prompt_tokens=2_100))
+    over = asyncio.run(
+        rewrite_request(
+            messages, "s1", policy, KEEP, PolicyContext(store, CountingWindowServices(1_800)), prompt_tokens=2_100
+        )
+    )
     assert over.action == "compressed"
 
 
 def test_window_guard_failure_still_removes_nothing(store):
     messages = conversation(8)
-    outcome = run(messages, store, WindowServices(1_800, summary_error=RuntimeError("engine error")), None,
-                  summary_attempts=1)
+    outcome = run(
+        messages, store, FakeEngine(window=1_800, summary_error=RuntimeError("engine error")), None, summary_attempts=1
+    )
     assert outcome.action == "fallback:summary_failure" and outcome.messages == messages
-    assert store.load("s1").memories == []
+    assert blocking(store).load("s1").memories == []
 
 
 @pytest.mark.parametrize(
     "services, rule",
     [
-        (Services(summary_error=RuntimeError("engine error")), "summary_failure"),
-        (Services(summary_delay=1.0), "summary_failure"),  # timeout on every attempt
-        (Services(embed_error=ConnectionError("embedder down")), "embedding_failure"),
+        (FakeEngine(summary_error=RuntimeError("engine error")), "summary_failure"),
+        (FakeEngine(summary_delay=1.0), "summary_failure"),  # timeout on every attempt
+        (FakeEngine(embed_error=ConnectionError("embedder down")), "embedding_failure"),
     ],
 )
 def test_engine_failures_commit_nothing_and_remove_nothing(store, services, rule):
@@ -198,72 +152,72 @@ def test_engine_failures_commit_nothing_and_remove_nothing(store, services, rule
     outcome = run(messages, store, services, COMPRESS, summary_timeout_s=0.05, summary_attempts=2, embed_attempts=2)
     assert outcome.action == f"fallback:{rule}"
     assert outcome.messages == messages
-    assert store.load("s1").memories == []
+    assert blocking(store).load("s1").memories == []
 
 
 def test_storage_failure_mid_transaction_leaves_no_memory(store):
     # a real SQLite failure after the memory row was inserted: the raw blocks insert aborts
     store._conn.execute("CREATE TRIGGER fail BEFORE INSERT ON raw_blocks BEGIN SELECT RAISE(ABORT, 'disk full'); END")
     messages = conversation(8)
-    outcome = run(messages, store, Services(), COMPRESS)
+    outcome = run(messages, store, FakeEngine(), COMPRESS)
     assert outcome.action == "fallback:storage_failure" and "disk full" in outcome.detail
     assert outcome.messages == messages
     assert store._conn.execute("SELECT COUNT(*) FROM memories").fetchone()[0] == 0
 
 
 def test_recall_failure_sends_the_original_request(store):
-    run(conversation(8), store, Services(), COMPRESS)
+    run(conversation(8), store, FakeEngine(), COMPRESS)
     later = conversation(10)
-    outcome = run(later, store, Services(embed_error=TimeoutError("slow")), KEEP, embed_attempts=1)
+    outcome = run(later, store, FakeEngine(embed_error=TimeoutError("slow")), KEEP, embed_attempts=1)
     assert outcome.action == "fallback:recall_failure"
     assert outcome.messages == later
 
 
 def test_corrupt_rows_are_discarded_not_repaired(store):
-    run(conversation(8), store, Services(), COMPRESS)
+    run(conversation(8), store, FakeEngine(), COMPRESS)
     store._conn.execute("UPDATE memories SET embedding = x'00'")
-    outcome = run(conversation(10), store, Services(), KEEP)
+    outcome = run(conversation(10), store, FakeEngine(), KEEP)
     assert outcome.action == "none" and "discarded 1 corrupt" in outcome.detail
     assert outcome.messages == conversation(10)  # no memory, so no block is dropped
-    assert store.load("s1").memories == []
+    assert blocking(store).load("s1").memories == []
     assert store._conn.execute("SELECT COUNT(*) FROM raw_blocks").fetchone()[0] == 0
 
 
 def test_corrupt_database_file_starts_empty(tmp_path):
     path = tmp_path / "memory.sqlite3"
     path.write_bytes(b"this is not a database" * 100)
-    store = MemoryStore(path)
+    store = SqliteStore(path)
     assert store.reset_events and list(tmp_path.glob("memory.sqlite3.corrupt-*"))
-    assert run(conversation(8), store, Services(), COMPRESS).action == "compressed"
+    assert run(conversation(8), store, FakeEngine(), COMPRESS).action == "compressed"
 
 
 def test_schema_mismatch_is_treated_as_corrupt(tmp_path):
     path = tmp_path / "memory.sqlite3"
-    MemoryStore(path).close()
+    SqliteStore(path).close()
     conn = sqlite3.connect(path)
     conn.execute("UPDATE meta SET value='999' WHERE key='schema_version'")
     conn.commit()
     conn.close()
-    store = MemoryStore(path)
+    store = SqliteStore(path)
     assert "schema version 999" in store.reset_events[0]
 
 
 def test_sessions_are_isolated(store):
-    run(conversation(8), store, Services(), COMPRESS, session="a")
-    assert store.load("b").memories == []
-    outcome = run(conversation(10), store, Services(), KEEP, session="b")
+    run(conversation(8), store, FakeEngine(), COMPRESS, session="a")
+    assert blocking(store).load("b").memories == []
+    outcome = run(conversation(10), store, FakeEngine(), KEEP, session="b")
     assert outcome.action == "none" and outcome.messages == conversation(10)
 
 
 def test_store_survives_reopen(tmp_path):
     path = tmp_path / "memory.sqlite3"
-    first = MemoryStore(path)
-    run(conversation(8), first, Services(), COMPRESS)
+    first = SqliteStore(path)
+    run(conversation(8), first, FakeEngine(), COMPRESS)
     first.close()
-    assert len(MemoryStore(path).load("s1").memories) == 1
+    assert len(blocking(SqliteStore(path)).load("s1").memories) == 1
 
 
-class FlakyServices(Services):
+class FlakyServices(FakeEngine):
     """Fails the first summary, then works."""
 
     async def summarize(self, source, max_tokens):
@@ -275,11 +229,11 @@ class FlakyServices(Services):
 
 @pytest.mark.parametrize("new_blocks", [1, 2])
 def test_summary_written_ahead_is_committed_by_the_next_request(store, new_blocks):
-    services = Services()
+    services = FakeEngine()
 
     async def scenario():
         policy = create_policy("pamer", {"summarize_ahead": True})
-        context = PamerContext(store, services)
+        context = PolicyContext(store, services)
         t = conversation(7)
         first = await rewrite_request(t, "s1", policy, KEEP, context)
         assert first.action == "none"
@@ -296,7 +250,7 @@ def test_summary_written_ahead_is_committed_by_the_next_request(store, new_block
     assert outcome.action == "compressed" and "summary written ahead" in outcome.detail
     assert services.summaries == 1  # no second summary inside request t+1
     blocks = split_conversation(later).blocks
-    [memory] = store.load("s1").memories
+    [memory] = blocking(store).load("s1").memories
     # the early summary covers the blocks that were old-to-be at t: all but the last of t's blocks
     assert list(memory.covered_block_ids) == [b.block_id for b in blocks[:6]]
     kept = [m for b in blocks[6:] for m in b.messages]
@@ -309,22 +263,22 @@ def test_failed_ahead_summary_falls_back_to_the_synchronous_path(store):
 
     async def scenario():
         policy = create_policy("pamer", {"summarize_ahead": True, "summary_attempts": 1})
-        context = PamerContext(store, services)
+        context = PolicyContext(store, services)
         await rewrite_request(conversation(7), "s1", policy, KEEP, context)
         await policy.on_vote("s1", COMPRESS, context)
         return await rewrite_request(conversation(8), "s1", policy, COMPRESS, context)
 
     outcome = asyncio.run(scenario())
     assert outcome.action == "compressed" and "ahead" not in outcome.detail
-    assert "summary_ahead_failed" in [e["kind"] for e in store.events("s1")]
+    assert "summary_ahead_failed" in [e["kind"] for e in blocking(store).events("s1")]
 
 
 def test_keep_vote_starts_nothing_ahead(store):
-    services = Services()
+    services = FakeEngine()
 
     async def scenario():
         policy = create_policy("pamer", {"summarize_ahead": True})
-        context = PamerContext(store, services)
+        context = PolicyContext(store, services)
         await rewrite_request(conversation(7), "s1", policy, KEEP, context)
         await policy.on_vote("s1", KEEP, context)
         await asyncio.sleep(0.05)
@@ -336,11 +290,11 @@ def test_keep_vote_starts_nothing_ahead(store):
 def test_no_summary_ahead_for_blocks_just_archived(store):
     """After request t compressed, the next-old candidate is what stays live,
     not the blocks that were just archived."""
-    services = Services()
+    services = FakeEngine()
 
     async def scenario():
         policy = create_policy("pamer", {"summarize_ahead": True})
-        context = PamerContext(store, services)
+        context = PolicyContext(store, services)
         outcome = await rewrite_request(conversation(8), "s1", policy, COMPRESS, context)
         assert outcome.action == "compressed"
         await policy.on_vote("s1", COMPRESS, context)
@@ -351,9 +305,9 @@ def test_no_summary_ahead_for_blocks_just_archived(store):
 
 
 def test_recall_searches_only_memories_of_the_current_embedder(store):
-    run(conversation(8), store, Services(), COMPRESS)
+    run(conversation(8), store, FakeEngine(), COMPRESS)
 
-    class OtherEmbedder(Services):
+    class OtherEmbedder(FakeEngine):
         embedder_name = "other"
 
         async def embed(self, text):
@@ -365,7 +319,7 @@ def test_recall_searches_only_memories_of_the_current_embedder(store):
     assert protocol_issues(outcome.messages) == []
 
 
-class ConversationServices(Services):
+class ConversationServices(FakeEngine):
     """Services that also summarize chat messages as they are (the
     conversation layout), recording what they were given."""
 
@@ -390,7 +344,7 @@ def test_conversation_layout_resends_what_the_engine_saw_then_asks(store):
 
     async def scenario():
         policy = create_policy("pamer", {"summary_layout": "conversation"})
-        context = PamerContext(store, services)
+        context = PolicyContext(store, services)
         first = await rewrite_request(conversation(8), "s1", policy, COMPRESS, context)
         shown = await rewrite_request(conversation(10), "s1", policy, KEEP, context)  # shows memory 1
         second = await rewrite_request(conversation(16), "s1", policy, COMPRESS, context)
@@ -407,7 +361,7 @@ def test_conversation_layout_resends_what_the_engine_saw_then_asks(store):
     # the second summary starts like the request before it: P, the memory message, then the live blocks
     assert two[: len(shown.messages) - 4] == shown.messages[:-4]
     assert two[2]["content"].startswith(MEMORY_HEADER) and "memory list" in two[-1]["content"]
-    memories = store.load("s1").memories
+    memories = blocking(store).load("s1").memories
     assert [m.summary.split()[:2] for m in memories] == [["CONVERSATION", "SUMMARY"]] * 2
     assert "ID0" in memories[0].summary and "ID5" in memories[0].summary
 
@@ -416,7 +370,7 @@ def test_conversation_layout_falls_back_to_text(store):
     services = ConversationServices(fits=False)  # the conversation does not fit the window
     outcome = run(conversation(8), store, services, COMPRESS, summary_layout="conversation")
     assert outcome.action == "compressed" and services.summaries == 1 and len(services.conversations) == 1
-    assert store.load("s1").memories[0].summary.startswith("SUMMARY")
+    assert blocking(store).load("s1").memories[0].summary.startswith("SUMMARY")
     # the default (the paper's text layout) never sends the conversation
     services = ConversationServices()
     run(conversation(8), store, services, COMPRESS, session="s2")
@@ -425,7 +379,7 @@ def test_conversation_layout_falls_back_to_text(store):
         create_policy("pamer", {"summary_layout": "chat"})
 
 
-class StateServices(Services):
+class StateServices(FakeEngine):
     """Memories embedded as the served model's state (the captured query's space)."""
 
     embedder_name = SERVED_STATE_EMBEDDER
@@ -446,16 +400,22 @@ def test_captured_query_recalls_without_an_embedding_request(store):
     services = StateServices()
     run(conversation(8), store, services, COMPRESS)
     run(conversation(14), store, services, COMPRESS)  # a second memory
-    memories = store.load("s1").memories
+    memories = blocking(store).load("s1").memories
     assert len(memories) == 2
     services.embedded.clear()
     later = conversation(16)
     for target in memories:
         state = np.asarray(target.embedding, dtype=np.float32)
-        outcome = asyncio.run(rewrite_request(
-            later, "s1", create_policy("pamer", {"query_source": "captured", "top_k": 1, "stable_recall": False}),
-            KEEP, PamerContext(store, services), previous_state=state,
-        ))
+        outcome = asyncio.run(
+            rewrite_request(
+                later,
+                "s1",
+                create_policy("pamer", {"query_source": "captured", "top_k": 1, "stable_recall": False}),
+                KEEP,
+                PolicyContext(store, services),
+                previous_state=state,
+            )
+        )
         assert outcome.action == "recalled" and outcome.recalled == (target.id,)
         assert "state captured at the previous request" in outcome.detail
     assert services.embedded == []  # no query embedding was computed
@@ -474,9 +434,9 @@ def test_captured_query_falls_back_to_the_text_query(store, case):
     else:
         state = np.ones(32, dtype=np.float32)
     policy = create_policy("pamer", {"query_source": "captured"})
-    outcome = asyncio.run(rewrite_request(
-        conversation(10), "s1", policy, KEEP, PamerContext(store, services), previous_state=state
-    ))
+    outcome = asyncio.run(
+        rewrite_request(conversation(10), "s1", policy, KEEP, PolicyContext(store, services), previous_state=state)
+    )
     if case == "other embedder":  # nothing searchable under another embedder: no recall at all
         assert outcome.action in ("recalled", "none") and "captured" not in outcome.detail
     else:
@@ -495,9 +455,15 @@ def test_text_query_source_embeds_task_and_recent_even_with_a_state(store):
     services = StateServices()
     run(conversation(8), store, services, COMPRESS)
     services.embedded.clear()
-    outcome = asyncio.run(rewrite_request(
-        conversation(10), "s1", create_policy("pamer", {"query_source": "text"}), KEEP, PamerContext(store, services),
-        previous_state=np.ones(64, dtype=np.float32),
-    ))
+    outcome = asyncio.run(
+        rewrite_request(
+            conversation(10),
+            "s1",
+            create_policy("pamer", {"query_source": "text"}),
+            KEEP,
+            PolicyContext(store, services),
+            previous_state=np.ones(64, dtype=np.float32),
+        )
+    )
     assert outcome.action == "recalled" and "captured" not in outcome.detail
     assert len(services.embedded) == 1 and services.embedded[0].startswith("user: Task: fix ID-task")

@@ -11,16 +11,18 @@ import json
 import numpy as np
 import pytest
 
-from tests.test_pamer import COMPRESS, KEEP, Services, conversation
+from tests.fakes import COMPRESS, KEEP, FakeEngine, blocking, conversation
 from vllm_pamer.core.blocks import protocol_issues, split_conversation
-from vllm_pamer.core.memory_store import MemoryStore, StepDetail
 from vllm_pamer.core.pipeline import rewrite_request
-from vllm_pamer.core.policies import create_policy
-from vllm_pamer.core.policies.pamer import MEMORY_HEADER, PamerContext, stable_selection
-from vllm_pamer.core.policies.pamer_plus import EVIDENCE_HEADER, SELECTION_SCHEMA
+from vllm_pamer.core.policies import PolicyContext, create_policy
+from vllm_pamer.core.policies.pamer_plus import EVIDENCE_HEADER, selection_schema
+from vllm_pamer.core.policies.summary import MEMORY_HEADER
+from vllm_pamer.core.recall import stable_selection
+from vllm_pamer.core.store import StepDetail
+from vllm_pamer.stores.sqlite import SqliteStore
 
 
-class ScriptedServices(Services):
+class ScriptedServices(FakeEngine):
     def __init__(self, selection, recall="ID3 is the value [step 1.3]", fail=None):
         super().__init__()
         self.selection, self.recall, self.fail = selection, recall, fail
@@ -37,19 +39,19 @@ class ScriptedServices(Services):
 
 @pytest.fixture
 def store(tmp_path):
-    return MemoryStore(tmp_path / "memory.sqlite3", model_fingerprint="test")
+    return SqliteStore(tmp_path / "memory.sqlite3", model_fingerprint="test")
 
 
 def session_with_memory(store, policy):
     """Compress 8 blocks (memory 1 archives blocks 0-5), then return a later request."""
-    context = PamerContext(store, Services())
+    context = PolicyContext(store, FakeEngine())
     out = asyncio.run(rewrite_request(conversation(8), "s", policy, COMPRESS, context))
     assert out.action == "compressed"
     return conversation(9)
 
 
 def later(store, policy, services):
-    return asyncio.run(rewrite_request(conversation(9), "s", policy, KEEP, PamerContext(store, services)))
+    return asyncio.run(rewrite_request(conversation(9), "s", policy, KEEP, PolicyContext(store, services)))
 
 
 def test_selected_steps_are_recalled_and_injected_after_the_summaries(store):
@@ -62,7 +64,7 @@ def test_selected_steps_are_recalled_and_injected_after_the_summaries(store):
     assert out.messages[2]["content"].startswith(MEMORY_HEADER)
     assert out.messages[3]["content"].startswith(f"{EVIDENCE_HEADER} 1.3:")
     assert [kind for kind, _ in services.calls] == ["selector", "recall"]
-    assert services.calls[0][1] == SELECTION_SCHEMA  # constrained by the schema
+    assert services.calls[0][1] == selection_schema(3, 8)  # constrained by the schema (top_k, max steps)
     # the same selection again is a cache hit: no second recall request
     again = ScriptedServices({"summary_ids": [1], "raw_steps_needed": ["1.3"]})
     assert later(store, policy, again).messages == out.messages
@@ -81,16 +83,16 @@ def test_selected_steps_are_recalled_and_injected_after_the_summaries(store):
 def test_invalid_selection_injects_nothing_and_keeps_the_pamer_request(store, selection, rule):
     policy = create_policy("pamer_plus")
     session_with_memory(store, policy)
-    plain = later(store, create_policy("pamer"), Services())
+    plain = later(store, create_policy("pamer"), FakeEngine())
     out = later(store, policy, ScriptedServices(selection))
     assert out.messages == plain.messages and rule in out.detail
-    assert any(e["kind"] == "step_selection_rejected" for e in store.events("s"))
+    assert any(e["kind"] == "step_selection_rejected" for e in blocking(store).events("s"))
 
 
 def test_empty_selection_and_failures_inject_nothing(store):
     policy = create_policy("pamer_plus")
     session_with_memory(store, policy)
-    plain = later(store, create_policy("pamer"), Services()).messages
+    plain = later(store, create_policy("pamer"), FakeEngine()).messages
     assert later(store, policy, ScriptedServices({"summary_ids": [], "raw_steps_needed": []})).messages == plain
     for kind in ("selector", "recall"):
         out = later(store, policy, ScriptedServices({"summary_ids": [1], "raw_steps_needed": ["1.2"]}, fail=kind))
@@ -103,7 +105,7 @@ def test_empty_selection_and_failures_inject_nothing(store):
 def test_step_evidence_that_would_not_fit_the_window_is_left_out(store):
     policy = create_policy("pamer_plus")
     session_with_memory(store, policy)
-    plain = later(store, create_policy("pamer"), Services()).messages
+    plain = later(store, create_policy("pamer"), FakeEngine()).messages
     services = ScriptedServices({"summary_ids": [1], "raw_steps_needed": ["1.3"]}, recall="ID3 " * 400 + "[step 1.3]")
     services.max_model_len = services.count_tokens(plain) + 100  # the request fits, the evidence does not
     out = later(store, policy, services)
@@ -124,19 +126,19 @@ def test_stable_selection_keeps_previous_unless_beaten_by_margin():
 def test_pamer_recall_text_stays_identical_while_the_query_drifts(store):
     """Four memories, Top-2: plain Top-K flips between requests whose queries
     differ slightly, stable recall sends the same text."""
-    services = Services()
+    services = FakeEngine()
     archived = split_conversation(conversation(7)).blocks[3:]  # not in the requests below
     for i, block in enumerate(archived):
         vector = np.eye(64, dtype=np.float32)[i] + 0.5
         detail = StepDetail(step=0, block_id=block.block_id, tool_names=("lookup",), chars=100)
-        store.commit_memory("s", f"memory about topic {i}", vector, services.embedder_name, [block], [detail])
+        blocking(store).commit_memory("s", f"memory about topic {i}", vector, services.embedder_name, [block], [detail])
     queries = [np.eye(64)[0] * 1.0 + np.eye(64)[1] * 0.98, np.eye(64)[0] * 0.98 + np.eye(64)[1] + np.eye(64)[2] * 1.01]
 
     def recalled(policy):
         texts, ids = [], []
         for q in queries:
             services.embed = lambda text, q=q: asyncio.sleep(0, result=q.astype(np.float32))
-            out = asyncio.run(rewrite_request(conversation(3), "s", policy, KEEP, PamerContext(store, services)))
+            out = asyncio.run(rewrite_request(conversation(3), "s", policy, KEEP, PolicyContext(store, services)))
             texts.append(out.messages[2]["content"])
             ids.append(out.recalled)
         return texts, ids
@@ -153,6 +155,15 @@ def test_selection_schema_accepts_exactly_the_selection_shape():
 
     from vllm_pamer.core.selection import StepSelection
 
-    assert set(SELECTION_SCHEMA["properties"]) == set(StepSelection.__struct_fields__)
-    assert set(SELECTION_SCHEMA["required"]) == set(StepSelection.__struct_fields__)
+    schema = selection_schema(3, 8)
+    assert set(schema["properties"]) == set(StepSelection.__struct_fields__)
+    assert set(schema["required"]) == set(StepSelection.__struct_fields__)
     msgspec.json.decode(b'{"summary_ids": [1], "raw_steps_needed": ["1.3"]}', type=StepSelection)
+
+
+def test_selection_schema_follows_top_k():
+    """The selector may name as many summaries as recall shows (was: 3 whatever top_k said)."""
+    policy = create_policy("pamer_plus", {"top_k": 5, "max_selected_steps": 4})
+    schema = selection_schema(policy.config.top_k, policy.config.max_selected_steps)
+    assert schema["properties"]["summary_ids"]["maxItems"] == 5
+    assert schema["properties"]["raw_steps_needed"]["maxItems"] == 4

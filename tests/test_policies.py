@@ -274,7 +274,7 @@ def test_pipeline_passes_a_policy_fallback_through_with_original_messages():
 
 def test_pipeline_hands_session_and_vote_to_the_policy():
     messages = join(*_conversation(3))
-    vote = HeadVote(logits=(0.1, -0.2, 0.3, 0.4, -0.5), votes=3, compress=True)
+    vote = HeadVote(head_logits=(0.1, -0.2, 0.3, 0.4, -0.5), votes=3, compress_vote=True)
     _Records.seen.clear()
     outcome = run(rewrite_request(messages, "sess-9", create_policy("test_records"), vote))
     assert outcome.action == "none" and not outcome.is_fallback

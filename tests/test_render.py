@@ -90,7 +90,11 @@ def test_null_content_becomes_empty_string(role):
 
 
 def test_other_messages_pass_unchanged():
-    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
+    messages = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "u"},
+        {"role": "assistant", "content": "a"},
+    ]
     out = render_tools_as_text(messages)
     assert all(a is b for a, b in zip(out, messages)) and len(out) == len(messages)
 
@@ -106,8 +110,10 @@ def test_render_property(messages):
         assert isinstance(rendered["content"], str)
         if original.get("tool_calls"):
             found = [json.loads(body) for body in TOOL_CALL.findall(rendered["content"])]
-            want = [{"name": c["function"]["name"], "arguments": _as_object(c["function"]["arguments"])}
-                    for c in original["tool_calls"]]
+            want = [
+                {"name": c["function"]["name"], "arguments": _as_object(c["function"]["arguments"])}
+                for c in original["tool_calls"]
+            ]
             assert found == want
         if original["role"] == "tool":
             assert original["tool_call_id"] in rendered["content"].split("\n", 1)[0]

@@ -8,9 +8,9 @@ import json
 import httpx
 import pytest
 
+from tests.test_replay_evidence import SWE
 from vllm_pamer.replay.client import ReplaySettings, model_action, plan_replay, replay_policy, served_model
 from vllm_pamer.replay.evidence import context_chars, recent_k_context
-from tests.test_replay_evidence import SWE
 
 WINDOW_MESSAGES = 7  # the fake server refuses longer requests (the last step has 8 messages)
 
@@ -45,8 +45,13 @@ class FakeServer:
         sent = recent_k_context(messages, 1) if policy == "recent_k" else messages
         tokens_in, tokens_out = context_chars(messages) // 4, context_chars(sent) // 4
         self.prompt_tokens += tokens_out
-        pamer = {"policy": policy, "action": "rewritten" if sent != messages else "none",
-                 "prompt_tokens_in": tokens_in, "prompt_tokens_out": tokens_out, "messages_sent": sent}
+        pamer = {
+            "policy": policy,
+            "action": "rewritten" if sent != messages else "none",
+            "prompt_tokens_in": tokens_in,
+            "prompt_tokens_out": tokens_out,
+            "messages_sent": sent,
+        }
         call = {"name": "bash", "arguments": json.dumps({"command": "cat pkg/alpha_module.py"})}
         message = {"role": "assistant", "content": f"<tool_call>{json.dumps(call)}</tool_call>"}
         usage = {"prompt_tokens": tokens_out, "completion_tokens": 8}
@@ -55,8 +60,9 @@ class FakeServer:
 
 def run(policy: str, trajectories, concurrency: int = 1):
     server = FakeServer()
-    settings = ReplaySettings(url="http://fake", max_tokens=8, concurrency=concurrency, kv_interval_s=0.01,
-                              progress=False)
+    settings = ReplaySettings(
+        url="http://fake", max_tokens=8, concurrency=concurrency, kv_interval_s=0.01, progress=False
+    )
 
     async def go():
         async with httpx.AsyncClient(transport=httpx.MockTransport(server.handle)) as client:
@@ -68,7 +74,7 @@ def run(policy: str, trajectories, concurrency: int = 1):
 
 
 def test_replay_records_each_step():
-    server, records, summary = run("recent_k", [SWE])
+    _server, records, summary = run("recent_k", [SWE])
     assert [r.step for r in records] == [0, 1, 2, 3]
     assert {r.session_id for r in records} == {records[0].session_id}
     assert records[0].session_id.startswith("recent_k-")
@@ -105,12 +111,18 @@ def test_sessions_run_concurrently_but_steps_in_order():
 def test_model_action():
     call = {"id": "c", "type": "function", "function": {"name": "get_user", "arguments": '{"user_id": "mia_li_3668"}'}}
     assert model_action({"content": None, "tool_calls": [call]}) == (
-        "get_user", '{"user_id": "mia_li_3668"}', "", ["mia_li_3668"]
+        "get_user",
+        '{"user_id": "mia_li_3668"}',
+        "",
+        ["mia_li_3668"],
     )
     text = 'Sure. <tool_call>{"name": "cancel", "arguments": {"reservation_id": "HAT136"}}</tool_call>'
     tool, arguments, _, values = model_action({"content": text})
     assert tool == "cancel" and json.loads(arguments) == {"reservation_id": "HAT136"} and values == ["HAT136"]
     assert model_action({"content": "Your booking YAX4DR is confirmed."}) == (
-        None, None, "Your booking YAX4DR is confirmed.", ["YAX4DR"]
+        None,
+        None,
+        "Your booking YAX4DR is confirmed.",
+        ["YAX4DR"],
     )
     assert model_action({"content": "<tool_call>{not json</tool_call>"})[0] is None

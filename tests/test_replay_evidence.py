@@ -49,8 +49,16 @@ def test_tau_needed_values_come_from_observations():
     action = {
         "role": "assistant",
         "content": None,
-        "tool_calls": [call("cancel_reservation", "c2", reservation_id="HAT136", user_id="chen_lee_6825",
-                            amount="350.50", note="ZZZ999")],
+        "tool_calls": [
+            call(
+                "cancel_reservation",
+                "c2",
+                reservation_id="HAT136",
+                user_id="chen_lee_6825",
+                amount="350.50",
+                note="ZZZ999",
+            )
+        ],
     }
     # HAT136 (tool result) and the user id (user message) are evidence; 350.50 was
     # only the agent's own words; ZZZ999 appears nowhere before.
@@ -154,8 +162,9 @@ def test_recency_frontier_steps_per_trajectory():
 
 def test_recency_at_interpolates_between_neighbouring_k():
     def point(k, chars, kept):
-        return FrontierPoint(k=k, points=1, points_with_needs=1, needed=1, availability=kept, readable=kept,
-                             chars_share=chars)
+        return FrontierPoint(
+            k=k, points=1, points_with_needs=1, needed=1, availability=kept, readable=kept, chars_share=chars
+        )
 
     points = [point(1, 0.2, 0.3), point(2, 0.4, 0.5), point(3, 0.4, 0.5), point(4, 1.0, 1.0)]
     assert recency_at(points, 0.3) == pytest.approx(0.4)

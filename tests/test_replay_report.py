@@ -8,7 +8,6 @@ import msgspec
 import pytest
 
 from vllm_pamer.replay import prometheus
-from vllm_pamer.replay.records import RunSummary, StepRecord, read_records, read_runs
 from vllm_pamer.replay.evidence import (
     availability,
     context_chars,
@@ -17,19 +16,43 @@ from vllm_pamer.replay.evidence import (
     recent_k_context,
     trajectory_kind,
 )
+from vllm_pamer.replay.records import RunSummary, StepRecord, read_records, read_runs
 from vllm_pamer.replay.report import context_per_turn, jaccard, markdown_table, summarize, write_report
 from vllm_pamer.trajectories import agent_requests, load_trajectories
 
 
-def rec(policy, trajectory, step, tokens_out, completion=10, *, status="ok", tool=None, values=(), needed=0,
-        available=None, chars=(None, 100)):
+def rec(
+    policy,
+    trajectory,
+    step,
+    tokens_out,
+    completion=10,
+    *,
+    status="ok",
+    tool=None,
+    values=(),
+    needed=0,
+    available=None,
+    chars=(None, 100),
+):
     return StepRecord(
-        policy=policy, trajectory_id=trajectory, session_id=f"{policy}-{trajectory}", step=step, message_index=2 * step + 2,
-        status=status, latency_s=1.0, prompt_tokens_in=tokens_out, prompt_tokens_out=tokens_out,
+        policy=policy,
+        trajectory_id=trajectory,
+        session_id=f"{policy}-{trajectory}",
+        step=step,
+        message_index=2 * step + 2,
+        status=status,
+        latency_s=1.0,
+        prompt_tokens_in=tokens_out,
+        prompt_tokens_out=tokens_out,
         usage_prompt_tokens=tokens_out if status == "ok" else None,
         usage_completion_tokens=completion if status == "ok" else None,
-        action_tool=tool, action_values=list(values), needed=needed, available=available,
-        chars_sent=chars[0], chars_original=chars[1],
+        action_tool=tool,
+        action_values=list(values),
+        needed=needed,
+        available=available,
+        chars_sent=chars[0],
+        chars_original=chars[1],
     )
 
 
@@ -44,13 +67,31 @@ RECORDS = [
     rec("recent_k", "B", 1, 260, 20, tool="search", values=[], needed=4, available=1, chars=(100, 400)),
 ]
 RUNS = [
-    RunSummary(policy="none", trajectories=2, requests=4, elapsed_s=60.0, kv_usage_peak=0.5,
-               metric_deltas={"vllm:prefix_cache_queries_total": 1000.0, "vllm:prefix_cache_hits_total": 400.0,
-                              "vllm:num_preemptions_total": 3.0}),
-    RunSummary(policy="recent_k", trajectories=2, requests=4, elapsed_s=30.0, kv_usage_peak=0.25,
-               metric_deltas={"vllm:prefix_cache_queries_total": 500.0, "vllm:prefix_cache_hits_total": 300.0,
-                              'vllm_pamer_internal_prompt_tokens_total{kind="summary"}': 100.0,
-                              'vllm_pamer_internal_completion_tokens_total{kind="summary"}': 20.0}),
+    RunSummary(
+        policy="none",
+        trajectories=2,
+        requests=4,
+        elapsed_s=60.0,
+        kv_usage_peak=0.5,
+        metric_deltas={
+            "vllm:prefix_cache_queries_total": 1000.0,
+            "vllm:prefix_cache_hits_total": 400.0,
+            "vllm:num_preemptions_total": 3.0,
+        },
+    ),
+    RunSummary(
+        policy="recent_k",
+        trajectories=2,
+        requests=4,
+        elapsed_s=30.0,
+        kv_usage_peak=0.25,
+        metric_deltas={
+            "vllm:prefix_cache_queries_total": 500.0,
+            "vllm:prefix_cache_hits_total": 300.0,
+            'vllm_pamer_internal_prompt_tokens_total{kind="summary"}': 100.0,
+            'vllm_pamer_internal_completion_tokens_total{kind="summary"}': 20.0,
+        },
+    ),
 ]
 
 
@@ -116,11 +157,21 @@ def test_runs_of_one_policy_merge_and_kinds_get_their_own_tables(tmp_path):
     tau = [msgspec.structs.replace(r, kind="tau") for r in RECORDS if r.trajectory_id == "A"]
     swe = [msgspec.structs.replace(r, kind="swe") for r in RECORDS if r.trajectory_id == "B"]
     runs = [
-        RunSummary(policy=p, trajectories=1, requests=2, elapsed_s=t, kind=k, group=g, kv_usage_peak=kv,
-                   metric_deltas={"vllm:prefix_cache_queries_total": q, "vllm:prefix_cache_hits_total": h})
+        RunSummary(
+            policy=p,
+            trajectories=1,
+            requests=2,
+            elapsed_s=t,
+            kind=k,
+            group=g,
+            kv_usage_peak=kv,
+            metric_deltas={"vllm:prefix_cache_queries_total": q, "vllm:prefix_cache_hits_total": h},
+        )
         for p, t, k, g, kv, q, h in [
-            ("none", 20.0, "tau", "tau-0", 0.5, 400.0, 100.0), ("recent_k", 10.0, "tau", "tau-0", 0.1, 200.0, 100.0),
-            ("none", 40.0, "swe", "swe-0", 0.2, 600.0, 300.0), ("recent_k", 20.0, "swe", "swe-0", 0.25, 300.0, 200.0),
+            ("none", 20.0, "tau", "tau-0", 0.5, 400.0, 100.0),
+            ("recent_k", 10.0, "tau", "tau-0", 0.1, 200.0, 100.0),
+            ("none", 40.0, "swe", "swe-0", 0.2, 600.0, 300.0),
+            ("recent_k", 20.0, "swe", "swe-0", 0.25, 300.0, 200.0),
         ]
     ]
     rows = write_report(tmp_path, tau + swe, runs, records_name="records.jsonl.gz", title="Policies")
@@ -153,10 +204,12 @@ def test_over_recency_reads_zero_for_recent_k_on_the_same_requests(tmp_path):
         context = recent_k_context(history, 2)
         kept = round(availability(needed, evidence_messages(context, history, kind)) * len(needed)) if needed else 0
         chars = (context_chars(context), context_chars(history))
-        records.append(rec("recent_k", str(trajectory["id"]), step, 100, needed=len(needed), available=kept,
-                           chars=chars))
-        records.append(rec("oracle", str(trajectory["id"]), step, 100, needed=len(needed), available=len(needed),
-                           chars=chars))
+        records.append(
+            rec("recent_k", str(trajectory["id"]), step, 100, needed=len(needed), available=kept, chars=chars)
+        )
+        records.append(
+            rec("oracle", str(trajectory["id"]), step, 100, needed=len(needed), available=len(needed), chars=chars)
+        )
     runs = [RunSummary(policy=p, trajectories=1, requests=20, elapsed_s=10.0) for p in ("recent_k", "oracle")]
     recent, oracle = write_report(tmp_path, records, runs, trajectories=[trajectory])
     assert recent.over_recency == pytest.approx(0.0, abs=1e-9)
@@ -169,8 +222,10 @@ def test_over_recency_reads_zero_for_recent_k_on_the_same_requests(tmp_path):
 
 
 def test_a_request_beyond_the_window_keeps_no_evidence():
-    records = [rec("none", "A", 0, 100, needed=4, available=4, chars=(100, 100)),
-               msgspec.structs.replace(rec("none", "A", 1, 9000, status="beyond_window"), needed=4)]
+    records = [
+        rec("none", "A", 0, 100, needed=4, available=4, chars=(100, 100)),
+        msgspec.structs.replace(rec("none", "A", 1, 9000, status="beyond_window"), needed=4),
+    ]
     (row,) = summarize(records, [RunSummary(policy="none", trajectories=1, requests=2, elapsed_s=6.0)])
     assert row.evidence_availability == pytest.approx(4 / 8)
     assert row.chars_share == pytest.approx(1.0)  # of the answered request
@@ -182,8 +237,14 @@ def test_cache_hits_and_recall_changes():
             rec("pamer", "A", i, 100), cached_tokens=cached, pamer={"recalled": recalled} if recalled != "-" else {}
         )
 
-    records = [step(0, "-", 0), step(1, [3], 50), step(2, [3], 80), step(3, [4, 3], 10), step(4, "-", None),
-               step(5, [4, 3], 90)]
+    records = [
+        step(0, "-", 0),
+        step(1, [3], 50),
+        step(2, [3], 80),
+        step(3, [4, 3], 10),
+        step(4, "-", None),
+        step(5, [4, 3], 90),
+    ]
     (row,) = summarize(records, [RunSummary(policy="pamer", trajectories=1, requests=6, elapsed_s=6.0)])
     assert row.recalls == 3 and row.recall_changes == pytest.approx(1 / 3)  # [3] -> [3] -> [4, 3] -> [4, 3]
     assert row.cache_hits == pytest.approx((0 + 50 + 80 + 10 + 90) / 500)  # step 4 reported none

@@ -8,16 +8,15 @@ import json
 
 import pytest
 
-from tests.test_pamer import Services, conversation
+from tests.fakes import FakeEngine, blocking, conversation
 from vllm_pamer.core.blocks import protocol_issues, split_conversation
-from vllm_pamer.core.memory_store import MemoryStore
 from vllm_pamer.core.pipeline import rewrite_request
-from vllm_pamer.core.policies import create_policy
-from vllm_pamer.core.policies.pamer import PamerContext
+from vllm_pamer.core.policies import PolicyContext, create_policy
 from vllm_pamer.core.policies.sam import CUES_HEADER, MEMORY_TOOL_NAME, paginate
+from vllm_pamer.stores.sqlite import SqliteStore
 
 
-class SamServices(Services):
+class SamServices(FakeEngine):
     max_model_len = 4096
 
     def __init__(self, fail=None):
@@ -34,17 +33,22 @@ class SamServices(Services):
 
 @pytest.fixture
 def store(tmp_path):
-    return MemoryStore(tmp_path / "memory.sqlite3", model_fingerprint="test")
+    return SqliteStore(tmp_path / "memory.sqlite3", model_fingerprint="test")
 
 
 def run(messages, store, services, **options):
     policy = create_policy("sam", {"trigger_tokens": 1500, "page_tokens": 700, "call_attempts": 1, **options})
-    return policy, asyncio.run(rewrite_request(messages, "s", policy, None, PamerContext(store, services)))
+    return policy, asyncio.run(rewrite_request(messages, "s", policy, None, PolicyContext(store, services)))
 
 
 def test_paginate_respects_the_budget_and_keeps_order():
     blocks = split_conversation(conversation(5)).blocks
-    assert paginate(blocks, [300, 300, 300, 900, 100], 700) == [[blocks[0], blocks[1]], [blocks[2]], [blocks[3]], [blocks[4]]]
+    assert paginate(blocks, [300, 300, 300, 900, 100], 700) == [
+        [blocks[0], blocks[1]],
+        [blocks[2]],
+        [blocks[3]],
+        [blocks[4]],
+    ]
 
 
 def test_consolidation_pages_old_blocks_and_lists_cues(store):
@@ -56,11 +60,11 @@ def test_consolidation_pages_old_blocks_and_lists_cues(store):
     assert out.messages[2]["content"].startswith(CUES_HEADER)
     assert out.messages[3:] == list(blocks[-2].messages) + list(blocks[-1].messages)
     assert [t["function"]["name"] for t in out.extra_tools] == [MEMORY_TOOL_NAME]
-    pages = store.load("s").memories
+    pages = blocking(store).load("s").memories
     assert [b for p in pages for b in p.covered_block_ids] == [b.block_id for b in blocks[:-2]]
     assert len(pages) > 1
     for page in pages:  # within the page budget, or one block alone
-        raw = store.raw_blocks("s", list(page.covered_block_ids))
+        raw = blocking(store).raw_blocks("s", list(page.covered_block_ids))
         sizes = [SamServices().count_tokens(raw[b]) for b in page.covered_block_ids]
         assert sum(sizes) <= 700 or len(sizes) == 1
     assert "[page 3]" in out.messages[2]["content"]
@@ -72,8 +76,10 @@ def test_consolidation_pages_old_blocks_and_lists_cues(store):
 def test_memory_tool_reconstructs_from_the_named_pages(store):
     policy, _ = run(conversation(8, chars=900), store, SamServices())
     services = SamServices()
-    context = PamerContext(store, services)
-    text = asyncio.run(policy.resolve_tool_call("s", MEMORY_TOOL_NAME, json.dumps({"pages": [1], "goal": "ID1?"}), context))
+    context = PolicyContext(store, services)
+    text = asyncio.run(
+        policy.resolve_tool_call("s", MEMORY_TOOL_NAME, json.dumps({"pages": [1], "goal": "ID1?"}), context)
+    )
     assert text.startswith("recall:") and "ID0" in text and "ID5" not in text
     for bad in ('{"pages": [99], "goal": "x"}', '{"pages": []}', "not json", '{"pages": [1,2,3,4,5,6], "goal": "x"}'):
         assert asyncio.run(policy.resolve_tool_call("s", MEMORY_TOOL_NAME, bad, context)).startswith("memory error")
@@ -83,7 +89,7 @@ def test_cue_failure_sends_the_request_unchanged(store):
     messages = conversation(8, chars=900)
     _, out = run(messages, store, SamServices(fail="cue"))
     assert out.action == "fallback:summary_failure" and out.messages == messages
-    assert store.load("s").memories == []
+    assert blocking(store).load("s").memories == []
 
 
 def test_below_trigger_without_pages_is_untouched(store):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vllm_pamer.core.memory_store import Memory, StepDetail
 from vllm_pamer.core.selection import StepSelection, validate_selection
+from vllm_pamer.core.store import Memory, StepDetail
 
 
 def memory(memory_id: int, blocks: list[str], steps: list[int] | None = None) -> Memory:
@@ -37,7 +37,7 @@ def test_empty_selection_is_valid_and_injects_nothing():
     "selection, reason",
     [
         (StepSelection([1], ["2.0"]), "belongs to no selected summary"),  # foreign: summary 2 not selected
-        (StepSelection([1], ["1.7"]), "does not exist"),                  # missing step
+        (StepSelection([1], ["1.7"]), "does not exist"),  # missing step
         (StepSelection([1], ["1.0", "1.0"]), "named twice"),
         (StepSelection([9], ["9.0"]), "not a memory of this session"),
         (StepSelection([1, 1], ["1.0"]), "repeated"),

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from tests.training_fixtures import synthetic_states, write_shards
-from vllm_pamer.kernels.five_head_vote import five_head_vote_reference
 from vllm_pamer.core.heads import ModelFingerprint, load_heads
+from vllm_pamer.kernels.five_head_vote import five_head_vote_reference
 from vllm_pamer.training import metrics
 from vllm_pamer.training.cli import train_main
 from vllm_pamer.training.controls import recent2_texts
@@ -63,7 +63,9 @@ def test_weighted_bce_is_pos_weighted_bce():
         definition = -(rho * y * torch.log(p) + (1 - y) * torch.log(1 - p)).mean()
         assert float(weighted_bce(z, y, rho)) == pytest.approx(float(definition), rel=1e-9)
         ours = weighted_bce(z, y, rho)
-        torch_pos_weight = F.binary_cross_entropy_with_logits(z, y.double(), pos_weight=torch.tensor(rho, dtype=torch.float64))
+        torch_pos_weight = F.binary_cross_entropy_with_logits(
+            z, y.double(), pos_weight=torch.tensor(rho, dtype=torch.float64)
+        )
         assert float(ours) == pytest.approx(float(torch_pos_weight), rel=1e-9)
     assert float(weighted_bce(torch.tensor([60.0, -60.0]), torch.tensor([1, 0]), 2.0)) < 1e-20  # stable
 
@@ -202,7 +204,7 @@ def test_auroc_auprc_known_values():
 
 def test_auroc_auprc_match_brute_force_with_heavy_ties():
     rng = np.random.default_rng(0)
-    for trial in range(20):
+    for _trial in range(20):
         n = int(rng.integers(5, 60))
         y = rng.integers(0, 2, n)
         if y.min() == y.max():
@@ -287,8 +289,10 @@ def test_probe_head_matches_reference_formula():
     head = ProbeHead(8, "mlp").double()
     x = torch.randn(5, 8, dtype=torch.float64)
     w1, b1, w2, b2 = head.w1, head.b1, head.w2, head.b2
-    stack = lambda t: t.detach()[None].expand(5, *t.shape).contiguous()  # noqa: E731
-    logits, _, _ = five_head_vote_reference(x, stack(w1), stack(b1), stack(w2), stack(b2), torch.zeros(5, dtype=torch.float64))
+    stack = lambda t: t.detach()[None].expand(5, *t.shape).contiguous()
+    logits, _, _ = five_head_vote_reference(
+        x, stack(w1), stack(b1), stack(w2), stack(b2), torch.zeros(5, dtype=torch.float64)
+    )
     expected = head(x).detach()
     torch.testing.assert_close(logits, expected[:, None].expand(5, 5), rtol=1e-12, atol=1e-12)
     erf_gelu = 0.5 * (x @ w1 + b1) * (1 + torch.erf((x @ w1 + b1) / math.sqrt(2)))
@@ -362,24 +366,55 @@ def test_end_to_end_train_writes_loadable_heads(tmp_path):
     write_shards(tmp_path / "states", full, recent2, meta)
     model = tmp_path / "tiny-model"
     model.mkdir()
-    (model / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": d,
-        "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 32, "vocab_size": 128,
-    }))
+    (model / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "hidden_size": d,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 2,
+                "intermediate_size": 32,
+                "vocab_size": 128,
+            }
+        )
+    )
     texts = tmp_path / "texts.jsonl"
     with texts.open("w") as handle:
         for row in meta:
-            handle.write(json.dumps({
-                "trajectory_id": row["trajectory_id"], "message_index": row["message_index"],
-                "text": f"tool {row['last_tool']} output step {row['step']}",
-            }) + "\n")
+            handle.write(
+                json.dumps(
+                    {
+                        "trajectory_id": row["trajectory_id"],
+                        "message_index": row["message_index"],
+                        "text": f"tool {row['last_tool']} output step {row['step']}",
+                    }
+                )
+                + "\n"
+            )
     out = tmp_path / "heads.safetensors"
     report = tmp_path / "report"
     torch_threads = torch.get_num_threads()
-    assert train_main([
-        "--states", str(tmp_path / "states"), "--out", str(out), "--report", str(report),
-        "--model", str(model), "--texts", str(texts), "--epochs", "6", "--no-ablations",
-    ]) == 0
+    assert (
+        train_main(
+            [
+                "--states",
+                str(tmp_path / "states"),
+                "--out",
+                str(out),
+                "--report",
+                str(report),
+                "--model",
+                str(model),
+                "--texts",
+                str(texts),
+                "--epochs",
+                "6",
+                "--no-ablations",
+            ]
+        )
+        == 0
+    )
     assert torch.get_num_threads() == torch_threads  # restored
 
     heads = load_heads(out)
@@ -397,7 +432,7 @@ def test_end_to_end_train_writes_loadable_heads(tmp_path):
     labelled = [i for i, m in enumerate(meta) if m["compression"] is not None]
     y = np.asarray([meta[i]["compression"] for i in labelled])
     tensors = [torch.from_numpy(getattr(heads, n)) for n in ("w1", "b1", "w2", "b2", "thresholds")]
-    logits, votes, decision = five_head_vote_reference(torch.from_numpy(full[labelled]), *tensors, min_votes=3)
+    logits, _votes, decision = five_head_vote_reference(torch.from_numpy(full[labelled]), *tensors, min_votes=3)
     for h in range(5):
         assert metrics.auroc(y, logits[:, h].numpy()) > 0.9
     assert metrics.f1_score(y, decision.numpy()) > 0.7
@@ -413,7 +448,9 @@ def test_run_experiment_ablations_linear_and_student_export():
     config = TrainConfig(head="linear", export="student", epochs=2, target="recall")
     result = run_experiment(full, recent2, meta, config, texts=None, log=lambda _: None)
     assert result.export_method == "recent2_linear_kd"
-    assert {"full_linear", "full_mlp", "recent2_linear", "recent2_linear_kd", "recent2_linear_kd@full"} <= set(result.summary())
+    assert {"full_linear", "full_mlp", "recent2_linear", "recent2_linear_kd", "recent2_linear_kd@full"} <= set(
+        result.summary()
+    )
     assert "tfidf" not in result.methods and any("TF-IDF skipped" in n for n in result.notes)
     assert len(result.exported) == 5 and len(result.thresholds) == 5
     assert result.data["labelled"] == len(meta)  # recall labelled everywhere here

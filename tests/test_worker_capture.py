@@ -6,13 +6,13 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
-import pytest
 import torch
 
+from vllm_pamer.adapters.vllm_0_32.worker_v1 import V1Step
 from vllm_pamer.channel import CAPTURE_KEY
-from vllm_pamer.config import PamerConfig
 from vllm_pamer.core.heads import ModelFingerprint, random_heads, save_heads
-from vllm_pamer.engine.capture import WorkerCapture
+from vllm_pamer.settings import Settings
+from vllm_pamer.worker.capture import WorkerCapture
 
 FP = ModelFingerprint("LlamaForCausalLM", hidden_size=16, num_hidden_layers=2, vocab_size=100, model_name="t")
 
@@ -28,7 +28,7 @@ class Sink:
 def make_capture(tmp_path, heads=True):
     path = tmp_path / "h.safetensors"
     save_heads(random_heads(FP), path)
-    capture = WorkerCapture(PamerConfig(heads=str(path) if heads else None), FP, torch.device("cpu"))
+    capture = WorkerCapture(Settings(heads=str(path) if heads else None), FP, torch.device("cpu"))
     capture.publisher = Sink()
     return capture
 
@@ -41,7 +41,10 @@ def step(requests, spec=None, finished=()):
             num_computed_tokens_cpu=np.array([r[1] for r in requests]),
             num_prompt_tokens=np.array([r[2] for r in requests]),
         ),
-        requests={r[0]: SimpleNamespace(sampling_params=SimpleNamespace(extra_args={CAPTURE_KEY: f"key-{r[0]}"})) for r in requests},
+        requests={
+            r[0]: SimpleNamespace(sampling_params=SimpleNamespace(extra_args={CAPTURE_KEY: f"key-{r[0]}"}))
+            for r in requests
+        },
     )
     scheduler_output = SimpleNamespace(
         num_scheduled_tokens={r[0]: r[3] for r in requests},
@@ -53,14 +56,16 @@ def step(requests, spec=None, finished=()):
 
 def test_only_rows_completing_their_prompt_are_captured(tmp_path):
     capture = make_capture(tmp_path)
-    runner, out = step([
-        ("decode", 50, 20, 1),       # decode step: prompt done long ago
-        ("partial", 0, 100, 64),     # first chunk of a long prompt
-        ("last-chunk", 64, 100, 36),  # completes its prompt
-        ("short", 0, 7, 7),          # whole prompt in one step
-    ])
+    runner, out = step(
+        [
+            ("decode", 50, 20, 1),  # decode step: prompt done long ago
+            ("partial", 0, 100, 64),  # first chunk of a long prompt
+            ("last-chunk", 64, 100, 36),  # completes its prompt
+            ("short", 0, 7, 7),  # whole prompt in one step
+        ]
+    )
     hidden = torch.randn(4, 16)
-    capture.arm(runner, out)
+    capture.begin_step(V1Step(runner, out))
     capture.observe(hidden)
     got = {r.key: r for r in capture.publisher.records}
     assert set(got) == {"key-last-chunk", "key-short"}
@@ -73,7 +78,7 @@ def test_speculative_rows_shift_the_row_index(tmp_path):
     capture = make_capture(tmp_path)
     runner, out = step([("spec", 30, 10, 3), ("new", 0, 5, 5)], spec={"spec": [1, 2]})
     hidden = torch.randn(4, 16)  # 3 rows for "spec" (2 drafts + 1), then "new"
-    capture.arm(runner, out)
+    capture.begin_step(V1Step(runner, out))
     capture.observe(hidden)
     [record] = capture.publisher.records
     assert record.key == "key-new" and np.allclose(record.hidden_state(), hidden[3].numpy())
@@ -82,19 +87,19 @@ def test_speculative_rows_shift_the_row_index(tmp_path):
 def test_one_capture_per_request_and_disarmed_after_first_call(tmp_path):
     capture = make_capture(tmp_path)
     runner, out = step([("a", 0, 5, 5)])
-    capture.arm(runner, out)
+    capture.begin_step(V1Step(runner, out))
     capture.observe(torch.randn(1, 16))
     capture.observe(torch.randn(1, 16))  # prompt-logprobs call in the same step
-    capture.arm(runner, out)              # re-prefill after preemption
+    capture.begin_step(V1Step(runner, out))  # re-prefill after preemption
     capture.observe(torch.randn(1, 16))
     assert len(capture.publisher.records) == 1
-    capture.arm(*step([], finished=["a"]))  # finished: the id may be reused
+    capture.begin_step(V1Step(*step([], finished=["a"])))  # finished: the id may be reused
     assert "a" not in capture.captured
 
 
 def test_unexpected_row_layout_captures_nothing(tmp_path):
     capture = make_capture(tmp_path)
-    capture.arm(*step([("a", 0, 5, 5)]))
+    capture.begin_step(V1Step(*step([("a", 0, 5, 5)])))
     capture.observe(torch.randn(3, 16))  # 3 rows for 1 request: not a layout we know
     assert capture.publisher.records == []
 
@@ -108,7 +113,7 @@ def test_probe_failure_is_reported_not_fatal(tmp_path):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory")
 
     capture.heads = failing_heads
-    capture.arm(*step([("a", 0, 5, 5)]))
+    capture.begin_step(V1Step(*step([("a", 0, 5, 5)])))
     capture.observe(torch.randn(1, 16))
     [record] = capture.publisher.records
     assert record.head_logits is None and record.votes is None and "out of memory" in record.heads_error
@@ -116,7 +121,7 @@ def test_probe_failure_is_reported_not_fatal(tmp_path):
 
 def test_no_heads_means_states_without_votes(tmp_path):
     capture = make_capture(tmp_path, heads=False)
-    capture.arm(*step([("a", 0, 5, 5)]))
+    capture.begin_step(V1Step(*step([("a", 0, 5, 5)])))
     capture.observe(torch.randn(1, 16))
     [record] = capture.publisher.records
     assert record.head_logits is None and record.heads_error is None
@@ -125,6 +130,6 @@ def test_no_heads_means_states_without_votes(tmp_path):
 def test_capture_off(tmp_path):
     capture = make_capture(tmp_path)
     capture.enabled = False
-    capture.arm(*step([("a", 0, 5, 5)]))
+    capture.begin_step(V1Step(*step([("a", 0, 5, 5)])))
     capture.observe(torch.randn(1, 16))
     assert capture.publisher.records == []

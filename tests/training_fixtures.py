@@ -26,19 +26,21 @@ def synthetic_states(d=16, n_tau=16, trials=2, n_swe=24, seed=0):
             label = int(latent > 0.4)
             full.append(rng.standard_normal(d) + 4.0 * latent * direction)
             recent2.append(rng.standard_normal(d) + 2.0 * latent * direction)
-            meta.append({
-                "trajectory_id": tid,
-                "source": "tau" if tid.startswith("airline") else "swe",
-                "step": step,
-                "message_index": 2 * step + 2,
-                "full_tokens": int(rng.integers(1000, 9000)),
-                "recent2_tokens": int(rng.integers(200, 900)),
-                "truncated": False,
-                "turn": 1,
-                "last_tool": ["bash", "search", None][int(rng.integers(0, 3))],
-                "recall": int(rng.random() < 0.3),
-                "compression": label if step >= 1 else None,
-            })
+            meta.append(
+                {
+                    "trajectory_id": tid,
+                    "source": "tau" if tid.startswith("airline") else "swe",
+                    "step": step,
+                    "message_index": 2 * step + 2,
+                    "full_tokens": int(rng.integers(1000, 9000)),
+                    "recent2_tokens": int(rng.integers(200, 900)),
+                    "truncated": False,
+                    "turn": 1,
+                    "last_tool": ["bash", "search", None][int(rng.integers(0, 3))],
+                    "recall": int(rng.random() < 0.3),
+                    "compression": label if step >= 1 else None,
+                }
+            )
     return np.asarray(full, np.float32), np.asarray(recent2, np.float32), meta
 
 
@@ -52,7 +54,9 @@ def layer_states(d=16, seed=0):
     return last, mean, ["block1", "norm"], full, meta
 
 
-def write_states_dir(directory: Path, tensors: dict[str, np.ndarray], meta: list[dict], n_shards: int = 2, **manifest) -> None:
+def write_states_dir(
+    directory: Path, tensors: dict[str, np.ndarray], meta: list[dict], n_shards: int = 2, **manifest
+) -> None:
     """``tensors`` (name -> [n, ...], rows as ``meta``) in ``n_shards`` shards
     with a manifest that plans them (``manifest`` adds keys, e.g. ``layers``)."""
     open_run(Path(directory), {"format": FORMAT, "shards": n_shards, **manifest})

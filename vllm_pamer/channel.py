@@ -1,14 +1,14 @@
 """Capture channel: worker -> API server, one message per captured prefill.
 
 The worker that computed the final hidden state pushes a small msgpack record
-(head logits, votes, decision, the state itself) on a ZeroMQ PUSH socket; the
+(head logits, votes, the compress vote, the state itself) on a ZeroMQ PUSH socket; the
 API server's endpoint plugin binds the PULL end and files each record under the
 capture key it put into the request's ``vllm_xargs``. Pushing never blocks the
 engine: when nobody listens (offline ``LLM`` use, or the queue is full) records
 are dropped and counted.
 
-The address travels in ``PAMER_CHANNEL`` (inherited by the engine
-processes); ``ensure_channel_address`` picks a fresh ipc path in the first
+The address travels in the ``channel`` setting, ``PAMER_CHANNEL`` (inherited
+by the engine processes); ``ensure_channel_address`` picks a fresh ipc path in the first
 process that loads the plugin.
 """
 
@@ -24,7 +24,9 @@ from collections import OrderedDict
 import msgspec
 import numpy as np
 
-CHANNEL_ENV = "PAMER_CHANNEL"
+from vllm_pamer.settings import Settings
+
+CHANNEL_ENV = Settings.env_name("channel")
 CAPTURE_KEY = "pamer_capture"
 """``SamplingParams.extra_args`` key that names a request's capture."""
 SESSION_KEY = "pamer_session"
@@ -43,7 +45,8 @@ class CaptureRecord(msgspec.Struct, array_like=True):
     """Final-norm state of the last prompt token, float32, little endian."""
     head_logits: list[float] | None = None
     votes: int | None = None
-    decision: bool | None = None
+    compress_vote: bool | None = None
+    """At least ``min_votes`` heads fired."""
     heads_error: str | None = None
     """Why the heads could not be evaluated (the probe-failure fallback)."""
     layers: bytes | None = None
@@ -158,7 +161,7 @@ class CaptureInbox:
         import zmq.asyncio
 
         if self.address.startswith("ipc://"):
-            path = self.address[len("ipc://"):]
+            path = self.address[len("ipc://") :]
             if os.path.exists(path):
                 os.unlink(path)  # stale socket of a killed server
         self._socket = zmq.asyncio.Context.instance().socket(zmq.PULL)

@@ -1,29 +1,30 @@
 """``vllm-pamer`` command line.
 
-  vllm-pamer serve [MODEL] [--pamer-policy NAME] [--pamer-heads PATH] [vLLM serve args]
-  vllm-pamer prepare-model            convert the embedded default model (once)
-  vllm-pamer make-heads --out PATH    write random (untrained) heads for a model
-  vllm-pamer demo                     serve the default model and replay a trajectory
-  vllm-pamer annotate --out PATH [--data PATH ...]   label decision points (recall/compression)
-  vllm-pamer extract --labels PATH --out DIR [--data PATH ...] [--limit N]   states on the engine
-  vllm-pamer train --states DIR --out PATH [--report DIR] [--target compression|recall]
-                   [--head mlp|linear] [--export full|student] [--texts JSONL | --trajectories PATH ...]
-  vllm-pamer replay --out DIR [--url URL] [--data PATH ...] [--policies none,recent_k] [--concurrency N]
-                    [--limit-trajectories N] [--max-steps N] [--max-tokens N]   policies against a server
-  vllm-pamer replay --frontier [--data PATH ...]   recent_k's evidence frontier, offline
+vllm-pamer serve [MODEL] [--pamer-policy NAME] [--pamer-heads PATH] [vLLM serve args]
+vllm-pamer prepare-model            convert the embedded default model (once)
+vllm-pamer make-heads --out PATH    write random (untrained) heads for a model
+vllm-pamer demo                     serve the default model and replay a trajectory
+vllm-pamer annotate --out PATH [--data PATH ...]   label decision points (recall/compression)
+vllm-pamer extract --labels PATH --out DIR [--data PATH ...] [--limit N]   states on the engine
+vllm-pamer train --states DIR --out PATH [--report DIR] [--target compression|recall]
+                 [--head mlp|linear] [--export full|student] [--texts JSONL | --trajectories PATH ...]
+vllm-pamer replay --out DIR [--url URL] [--data PATH ...] [--policies none,recent_k] [--concurrency N]
+                  [--limit-trajectories N] [--max-steps N] [--max-tokens N]   policies against a server
+vllm-pamer replay --frontier [--data PATH ...]   recent_k's evidence frontier, offline
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-from pathlib import Path
 
-from vllm_pamer.config import PamerConfig
+import msgspec
+
+from vllm_pamer.adapters.launch import is_cpu_build, run_vllm_cli
+from vllm_pamer.model_config import model_fingerprint
 from vllm_pamer.plugin import PLUGIN_NAMES
-from vllm_pamer.vllm_cpu import is_cpu_build, prepare_vllm_cpu
+from vllm_pamer.settings import Settings
 
 
 def _enable_plugins(env: dict[str, str]) -> None:
@@ -32,42 +33,23 @@ def _enable_plugins(env: dict[str, str]) -> None:
     env["VLLM_PLUGINS"] = ",".join(current + [p for p in wanted if p not in current])
 
 
-def _run_vllm_cli(argv: list[str]) -> None:
-    """Run vLLM's own CLI in this process (see vllm_pamer.vllm_cpu)."""
-    prepare_vllm_cpu()
-    from vllm.entrypoints.cli.main import main as vllm_main
-
-    sys.argv = ["vllm", *argv]
-    vllm_main()
-
-
-def _model_fingerprint(model: str):
-    from vllm_pamer.core.heads import ModelFingerprint
-
-    return ModelFingerprint.from_model_dir(model)
-
-
 def _has_flag(args: list[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in args)
 
 
 def cmd_serve(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="vllm-pamer serve", add_help=False)
-    parser.add_argument("--pamer-policy", default=None)
-    parser.add_argument("--pamer-policy-options", default=None, help="JSON object of policy options")
-    parser.add_argument("--pamer-options-by-policy", default=None,
-                        help='JSON: options of policies requests choose, e.g. {"sam": {"page_tokens": 1024}}')
-    parser.add_argument("--pamer-heads", default=None, help="heads file (safetensors)")
-    parser.add_argument("--pamer-embedder", default=None, help="served (default) or minilm")
-    parser.add_argument("--pamer-no-capture", action="store_true")
-    parser.add_argument("--pamer-off", action="store_true",
-                        help="plain vLLM: the same model and flags without the plugin (A/B baselines)")
+    Settings.add_flags(parser)
+    parser.add_argument(
+        "--pamer-off",
+        action="store_true",
+        help="plain vLLM: the same model and flags without the plugin (A/B baselines)",
+    )
     ours, rest = parser.parse_known_args(argv)
     if "-h" in rest or "--help" in rest:
         print(__doc__)
-        print("Plugin flags: --pamer-policy NAME, --pamer-policy-options JSON, --pamer-options-by-policy JSON, "
-              "--pamer-heads PATH, "
-              "--pamer-embedder served|minilm, --pamer-no-capture")
+        print("Plugin flags (each also a PAMER_<NAME> variable):")
+        print(parser.format_help().split("\n", 2)[-1])
         print("Every other flag is vLLM's (vllm serve --help).\n")
     model = rest.pop(0) if rest and not rest[0].startswith("-") else None
     shipped = None
@@ -87,53 +69,36 @@ def cmd_serve(argv: list[str]) -> None:
     from vllm_pamer.core.heads import HeadsMismatch, load_heads
     from vllm_pamer.core.policies import UnknownPolicy, create_policy, create_variant, policy_class
 
-    config = PamerConfig.from_env()
-    overrides = {}
-    if ours.pamer_policy:
-        overrides["policy"] = ours.pamer_policy
-    if ours.pamer_policy_options:
-        overrides["policy_options"] = json.loads(ours.pamer_policy_options)
-    if ours.pamer_options_by_policy:
-        overrides["options_by_policy"] = json.loads(ours.pamer_options_by_policy)
-    if ours.pamer_heads:
-        overrides["heads"] = str(Path(ours.pamer_heads).resolve())
-    if ours.pamer_embedder:
-        overrides["embedder"] = ours.pamer_embedder
-    if ours.pamer_no_capture:
-        overrides["capture"] = False
-    import msgspec
-
-    config = msgspec.structs.replace(config, **overrides)
-    if config.heads is None and shipped is not None and config.capture:
-        config = msgspec.structs.replace(config, heads=str(shipped))
-
-    # Fail fast, before the engine spends a minute starting.
     try:
-        cls = policy_class(config.default_policy)
-        create_policy(config.default_policy, config.policy_options)  # bad options: an error now
-        for name, options in config.options_by_policy.items():
+        settings = Settings.from_env().with_flags(ours)
+        if settings.heads is None and shipped is not None and settings.capture:
+            settings = msgspec.structs.replace(settings, heads=str(shipped))
+        # Fail fast, before the engine spends a minute starting.
+        cls = policy_class(settings.default_policy)
+        create_policy(settings.default_policy, settings.policy_options)  # bad options: an error now
+        for name, options in settings.options_by_policy.items():
             create_variant(name, options)
-        if config.heads:
-            load_heads(config.heads).check_model(_model_fingerprint(model), config.heads)
+        if settings.heads:
+            load_heads(settings.heads).check_model(model_fingerprint(model), settings.heads)
         elif cls.requires_heads:
             raise UnknownPolicy(
-                f"policy {config.default_policy!r} needs heads trained for {model}; pass --pamer-heads "
+                f"policy {settings.default_policy!r} needs heads trained for {model}; pass --pamer-heads "
                 "(or pick a policy that needs none: none, recent_k)"
             )
-        if config.embedder != "served":
+        if settings.embedder != "served":
             from vllm_pamer.embedders import make_embedder
 
-            make_embedder(config.embedder, check=True)
+            make_embedder(settings.embedder, check=True)
     except (UnknownPolicy, HeadsMismatch, ValueError, FileNotFoundError, RuntimeError) as exc:
         sys.exit(f"vllm-pamer: {exc}")
 
     if ours.pamer_off:  # no plugin is loaded at all, so nothing of ours runs
         os.environ["VLLM_PLUGINS"] = ""
-        _run_vllm_cli(["serve", model, *_cpu_defaults(rest)])
+        run_vllm_cli(["serve", model, *_cpu_defaults(rest)])
         return
-    os.environ.update(config.to_env())
+    os.environ.update(settings.to_env())
     _enable_plugins(os.environ)
-    _run_vllm_cli(["serve", model, *_cpu_defaults(rest)])
+    run_vllm_cli(["serve", model, *_cpu_defaults(rest)])
 
 
 def _cpu_defaults(rest: list[str]) -> list[str]:
@@ -155,7 +120,9 @@ def cmd_make_heads(argv: list[str]) -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--constant-logit", type=float, default=None,
+        "--constant-logit",
+        type=float,
+        default=None,
         help="heads that ignore the state and always output this logit (e.g. 10 forces 'compress', -10 'keep'); for tests",
     )
     args = parser.parse_args(argv)
@@ -163,7 +130,7 @@ def cmd_make_heads(argv: list[str]) -> None:
     from vllm_pamer.default_model import ensure_default_model
 
     model = args.model or str(ensure_default_model())
-    fingerprint = _model_fingerprint(model)
+    fingerprint = model_fingerprint(model)
     if args.constant_logit is None:
         save_heads(random_heads(fingerprint, seed=args.seed), args.out)
         print(f"wrote untrained random heads for {model} to {args.out}")

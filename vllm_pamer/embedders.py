@@ -118,7 +118,7 @@ class MiniLMEmbedder:
         self._model = None
 
     # -- loading -----------------------------------------------------------------------
-    def load(self) -> "MiniLMEmbedder":
+    def load(self) -> MiniLMEmbedder:
         """Load tokenizer and weights now (idempotent, thread-safe)."""
         with self._lock:
             self._load_locked()
@@ -148,16 +148,14 @@ class MiniLMEmbedder:
             # Similar lengths in one batch pad less; the mask makes the order irrelevant.
             order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
             for start in range(0, len(order), self.batch_size):
-                chunk = order[start:start + self.batch_size]
+                chunk = order[start : start + self.batch_size]
                 out[chunk] = self._forward([texts[i] for i in chunk])
         return out
 
     def _forward(self, texts: list[str]) -> np.ndarray:
         import torch
 
-        encoded = self._tokenizer(
-            texts, padding=True, truncation=True, max_length=self.max_tokens, return_tensors="pt"
-        )
+        encoded = self._tokenizer(texts, padding=True, truncation=True, max_length=self.max_tokens, return_tensors="pt")
         with torch.inference_mode():
             hidden = self._model(**encoded).last_hidden_state  # (batch, tokens, dim)
             mask = encoded["attention_mask"].unsqueeze(-1).to(hidden.dtype)

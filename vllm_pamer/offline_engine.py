@@ -46,13 +46,12 @@ def check_architecture(model: str | Path) -> None:
     """Refuse a model whose architecture has no capturing class (no state would come back)."""
     from transformers import AutoConfig
 
-    from vllm_pamer.plugin import CAPTURING_MODELS
+    from vllm_pamer.adapters.worker import CAPTURING_MODELS
 
     architectures = getattr(AutoConfig.from_pretrained(str(model)), "architectures", None) or []
     if not any(a in CAPTURING_MODELS for a in architectures):
         raise CaptureError(
-            f"{model}: architecture {architectures} has no capturing class "
-            f"(supported: {', '.join(CAPTURING_MODELS)})"
+            f"{model}: architecture {architectures} has no capturing class (supported: {', '.join(CAPTURING_MODELS)})"
         )
 
 
@@ -61,7 +60,7 @@ def on_cpu_backend() -> bool:
     whose version shim makes ``is_cpu_build`` answer False)."""
     import importlib.metadata as metadata
 
-    from vllm_pamer.vllm_cpu import is_cpu_build
+    from vllm_pamer.adapters.launch import is_cpu_build
 
     return is_cpu_build() or bool(getattr(metadata.version, "_vllm_pamer_shim", False))
 
@@ -93,7 +92,7 @@ class CaptureEngine:
         layers: Sequence[int] | None = None,
         **llm_kwargs: Any,
     ) -> None:
-        from vllm_pamer.vllm_cpu import prepare_vllm_cpu
+        from vllm_pamer.adapters.launch import prepare_vllm_cpu
 
         cpu = on_cpu_backend()
         prepare_vllm_cpu()
@@ -185,9 +184,7 @@ class CaptureEngine:
                     f"prompt {i}: the engine saw {record.num_prompt_tokens} tokens, {len(prompts[i])} were sent"
                 )
             if self.layers and record.layer_tokens != len(prompts[i]):
-                raise CaptureError(
-                    f"prompt {i}: layer taps averaged {record.layer_tokens} of {len(prompts[i])} tokens"
-                )
+                raise CaptureError(f"prompt {i}: layer taps averaged {record.layer_tokens} of {len(prompts[i])} tokens")
         return records
 
     def _run(self, prompts, slots, records, on_state) -> None:
@@ -239,7 +236,7 @@ class CaptureEngine:
         finally:
             self._close_socket()
 
-    def __enter__(self) -> "CaptureEngine":
+    def __enter__(self) -> CaptureEngine:
         return self
 
     def __exit__(self, *exc: Any) -> None:

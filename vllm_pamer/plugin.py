@@ -1,41 +1,30 @@
-"""vLLM plugin entry points.
+"""vLLM plugin entry points (``pyproject.toml``).
 
 * ``register`` - ``vllm.general_plugins``; runs in every vLLM process (API
-  server, EngineCore, workers), so it only does re-entrant things: select the
-  V1 model runner where vLLM would pick V2 (our capture hooks the V1 runner),
-  fix the capture channel address for the child processes to inherit, and
-  register the capturing model classes over vLLM's own.
+  server, EngineCore, workers): fixes the capture channel address for the
+  child processes to inherit and registers the capturing model classes
+  through the adapter of the installed vLLM (which refuses one it does not
+  know, loudly, at start-up).
 * ``endpoint`` - ``vllm.endpoint_plugins``; the API-server routes.
 """
 
 from __future__ import annotations
 
-import os
-
-# architecture -> our capturing class in vllm_pamer.engine.models
-CAPTURING_MODELS = {
-    "LlamaForCausalLM": "PamerLlamaForCausalLM",
-    "Qwen2ForCausalLM": "PamerQwen2ForCausalLM",
-    "Qwen3ForCausalLM": "PamerQwen3ForCausalLM",
-}
+from typing import Any
 
 PLUGIN_NAMES = "pamer,pamer_endpoint"
 """The value of VLLM_PLUGINS that enables both halves."""
 
 
 def register() -> None:
-    from vllm import ModelRegistry
-
+    from vllm_pamer.adapters.worker import register as register_worker_side
     from vllm_pamer.channel import ensure_channel_address
 
-    # Model Runner V2 (GPU default when Triton is present) is not hooked yet.
-    os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
     ensure_channel_address()
-    for arch, cls in CAPTURING_MODELS.items():
-        ModelRegistry.register_model(arch, f"vllm_pamer.engine.models:{cls}")
+    register_worker_side()
 
 
-def endpoint():
-    from vllm_pamer.server.endpoint import PamerEndpointPlugin
+def endpoint() -> Any:
+    from vllm_pamer.server.app import PamerEndpointPlugin
 
     return PamerEndpointPlugin()

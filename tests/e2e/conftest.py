@@ -6,14 +6,15 @@ from __future__ import annotations
 import pytest
 
 from tests.e2e.helpers import start_pamer_server
-from vllm_pamer.core.heads import ModelFingerprint, constant_heads, save_heads
+from vllm_pamer.core.heads import constant_heads, save_heads
+from vllm_pamer.model_config import model_fingerprint
 
 
 @pytest.fixture(scope="session")
 def compress_heads(default_model_dir, tmp_path_factory):
     """Heads that always vote "compress": every gate-passing request compresses."""
     path = tmp_path_factory.mktemp("heads") / "always-compress.safetensors"
-    fingerprint = ModelFingerprint.from_model_dir(default_model_dir, "SmolLM2-135M-Instruct")
+    fingerprint = model_fingerprint(default_model_dir, "SmolLM2-135M-Instruct")
     save_heads(constant_heads(fingerprint, 10.0), path)
     return path
 

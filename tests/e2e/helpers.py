@@ -2,15 +2,8 @@
 
 from __future__ import annotations
 
-import socket
-
 from vllm_pamer.default_model import DEFAULT_MODEL_NAME
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from vllm_pamer.server_process import ServerProcess
 
 
 def chat(client, messages, session=None, policy=None, max_tokens=8, **kwargs):
@@ -21,8 +14,12 @@ def chat(client, messages, session=None, policy=None, max_tokens=8, **kwargs):
     if policy:
         headers["X-Pamer-Policy"] = policy
     return client.chat.completions.create(
-        model=DEFAULT_MODEL_NAME, messages=messages, max_tokens=max_tokens, temperature=0,
-        extra_headers=headers, **kwargs,
+        model=DEFAULT_MODEL_NAME,
+        messages=messages,
+        max_tokens=max_tokens,
+        temperature=0,
+        extra_headers=headers,
+        **kwargs,
     )
 
 
@@ -31,7 +28,12 @@ TRAJECTORY = "airline-task2-trial1"  # 62 messages, 27 tool results, beyond the 
 PAMER_OPTIONS = {"summary_max_tokens": 48}
 OPTIONS_BY_POLICY = {
     # the paper's text query (PaMER's default recalls with the captured state)
-    "pamer_plus": {"summary_max_tokens": 48, "selector_max_tokens": 64, "recall_max_tokens": 48, "query_source": "text"},
+    "pamer_plus": {
+        "summary_max_tokens": 48,
+        "selector_max_tokens": 64,
+        "recall_max_tokens": 48,
+        "query_source": "text",
+    },
     "periodic_summary": {"n": 4, "summary_max_tokens": 48},
     "rolling_summary": {"trigger_tokens": 1024, "summary_max_tokens": 48},
     "sam": {"trigger_tokens": 2500, "page_tokens": 1500, "cue_max_tokens": 48, "recall_max_tokens": 48},
@@ -44,13 +46,21 @@ def start_pamer_server(heads, store_path, log_path):
     """``vllm-pamer serve`` of the default model with PaMER as the default policy."""
     import json
 
-    from vllm_pamer.demo import ServerProcess
-
     server = ServerProcess(
-        ["--pamer-policy", "pamer", "--pamer-policy-options", json.dumps(PAMER_OPTIONS),
-         "--pamer-options-by-policy", json.dumps(OPTIONS_BY_POLICY),
-         "--pamer-heads", str(heads), "--enforce-eager"],
-        free_port(), log_path, env={"PAMER_STORE": str(store_path)},
+        [
+            "--pamer-policy",
+            "pamer",
+            "--pamer-policy-options",
+            json.dumps(PAMER_OPTIONS),
+            "--pamer-options-by-policy",
+            json.dumps(OPTIONS_BY_POLICY),
+            "--pamer-heads",
+            str(heads),
+            "--enforce-eager",
+        ],
+        None,
+        log_path,
+        env={"PAMER_STORE": str(store_path)},
     )
     try:
         server.wait_ready(timeout=600, progress=False)

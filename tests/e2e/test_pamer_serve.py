@@ -11,11 +11,12 @@ import time
 import pytest
 import requests
 
-from vllm_pamer.core.blocks import protocol_issues, split_conversation
-from vllm_pamer.core.memory_store import MemoryStore
-from vllm_pamer.core.policies.pamer import MEMORY_HEADER
-from vllm_pamer.trajectories import agent_requests, load_trajectories
 from tests.e2e.helpers import TRAJECTORY, chat, client_for, start_pamer_server
+from tests.fakes import blocking
+from vllm_pamer.core.blocks import protocol_issues, split_conversation
+from vllm_pamer.core.policies.summary import MEMORY_HEADER
+from vllm_pamer.stores.sqlite import SqliteStore
+from vllm_pamer.trajectories import agent_requests, load_trajectories
 
 pytestmark = pytest.mark.e2e
 
@@ -72,8 +73,8 @@ def test_store_covers_exactly_the_removed_blocks(pamer_run):
     memories = session["memories"]
     assert memories and all(m["summary"].strip() for m in memories)
     covered = {b for m in memories for b in m["covered_block_ids"]}
-    store = MemoryStore(store_path)
-    raw = store.raw_blocks("pamer-e2e", sorted(covered))
+    store = SqliteStore(store_path)
+    raw = blocking(store).raw_blocks("pamer-e2e", sorted(covered))
     assert set(raw) == covered  # every archived block is kept raw for later
     for history, report in steps:
         kept = set(_block_ids(report["messages_sent"]))
@@ -94,18 +95,18 @@ def test_crash_in_the_middle_of_a_compression(compress_heads, trajectory, tmp_pa
     store_path = tmp_path / "memory.sqlite3"
     requests_ = list(agent_requests(trajectory["messages"]))[:STEPS]
     server = start_pamer_server(compress_heads, store_path, tmp_path / "first.log")
-    watcher = MemoryStore(store_path)
+    watcher = SqliteStore(store_path)
     killed_at = None
     try:
         client = client_for(server)
         for step, (_, history) in enumerate(requests_):
-            before = len(watcher.events("crash"))
+            before = len(blocking(watcher).events("crash"))
             errors = []
             worker = threading.Thread(target=lambda: errors.append(_try(chat, client, history, "crash")))
             worker.start()
             deadline = time.monotonic() + 120
             while worker.is_alive() and time.monotonic() < deadline:
-                new = [e["kind"] for e in watcher.events("crash")[before:]]
+                new = [e["kind"] for e in blocking(watcher).events("crash")[before:]]
                 if "compression_started" in new and "compressed" not in new:
                     server.kill()  # mid-compression
                     killed_at = step
@@ -117,7 +118,7 @@ def test_crash_in_the_middle_of_a_compression(compress_heads, trajectory, tmp_pa
     finally:
         server.stop()
     assert killed_at is not None, "no compression started"
-    assert watcher.load("crash").memories == []  # the killed transaction left nothing
+    assert blocking(watcher).load("crash").memories == []  # the killed transaction left nothing
 
     server = start_pamer_server(compress_heads, store_path, tmp_path / "second.log")
     try:
@@ -127,11 +128,11 @@ def test_crash_in_the_middle_of_a_compression(compress_heads, trajectory, tmp_pa
         server.stop()
     assert all(not r["action"].startswith("fallback") for r in reports)
     assert "compressed" in [r["action"] for r in reports]  # the session goes on compressing
-    loaded = MemoryStore(store_path).load("crash")
+    loaded = blocking(SqliteStore(store_path)).load("crash")
     assert loaded.discarded == 0 and loaded.memories
     covered = [b for m in loaded.memories for b in m.covered_block_ids]
     assert len(covered) == len(set(covered))
-    assert set(MemoryStore(store_path).raw_blocks("crash", covered)) == set(covered)
+    assert set(blocking(SqliteStore(store_path)).raw_blocks("crash", covered)) == set(covered)
     for (_, history), report in zip(requests_[killed_at:], reports):
         kept = set(_block_ids(report["messages_sent"]))
         assert all(b in kept or b in covered for b in _block_ids(history))

@@ -12,15 +12,21 @@ import requests
 
 from tests.e2e.helpers import TRAJECTORY, chat, client_for
 from vllm_pamer.core.blocks import protocol_issues, split_conversation
-from vllm_pamer.core.policies.pamer import MEMORY_HEADER
-from vllm_pamer.core.policies.sam import CUES_HEADER, MEMORY_TOOL_NAME
+from vllm_pamer.core.policies.sam import CUES_HEADER
+from vllm_pamer.core.policies.summary import MEMORY_HEADER
 from vllm_pamer.trajectories import agent_requests, load_trajectories
 
 pytestmark = pytest.mark.e2e
 
 STEPS = 12
 POLICIES = (
-    "sliding_window", "discard_tool", "periodic_summary", "rolling_summary", "sam", "pamer_plus", "pamer_conversation"
+    "sliding_window",
+    "discard_tool",
+    "periodic_summary",
+    "rolling_summary",
+    "sam",
+    "pamer_plus",
+    "pamer_conversation",
 )
 
 
@@ -97,8 +103,9 @@ def test_sam_pages_and_resolves_its_memory_tool(runs, compress_server):
     # regex forces the call again, so this also covers the cap on rounds), and
     # the client never sees a call of the server's own tool.
     call = r'<tool_call>\{"name": "memory", "arguments": \{"pages": \[1\], "goal": "[a-z ]{3,20}"\}\}</tool_call>'
-    response = chat(client, histories[-1], "policies-sam", "sam", max_tokens=64,
-                    extra_body={"structured_outputs": {"regex": call}})
+    response = chat(
+        client, histories[-1], "policies-sam", "sam", max_tokens=64, extra_body={"structured_outputs": {"regex": call}}
+    )
     report = response.model_extra["pamer"]
     assert "resolved 3 memory tool round(s)" in report["detail"], (report, response.choices[0].message)
     assert not response.choices[0].message.tool_calls and response.choices[0].finish_reason == "stop"

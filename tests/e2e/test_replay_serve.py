@@ -24,8 +24,21 @@ def replayed(compress_server, tmp_path_factory):
     data = root / "one.jsonl"
     data.write_text(json.dumps(trajectory) + "\n")
     out = root / "report"
-    replay_main(["--url", compress_server.base_url, "--data", str(data), "--policies", "none,recent_k",
-                 "--max-tokens", "16", "--out", str(out), "--no-progress"])
+    replay_main(
+        [
+            "--url",
+            compress_server.base_url,
+            "--data",
+            str(data),
+            "--policies",
+            "none,recent_k",
+            "--max-tokens",
+            "16",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
     rows = {row["policy"]: row for row in json.loads((out / "summary.json").read_text())}
     return out, rows, read_records(out / "records.jsonl")
 

@@ -9,11 +9,12 @@ import json
 import pytest
 import requests
 
+from tests.e2e.helpers import chat
 from vllm_pamer.core.blocks import protocol_issues
 from vllm_pamer.default_model import DEFAULT_MODEL_NAME
-from vllm_pamer.demo import ServerProcess, ensure_demo_heads
+from vllm_pamer.demo import ensure_demo_heads
+from vllm_pamer.server_process import ServerProcess
 from vllm_pamer.trajectories import agent_requests, load_trajectories
-from tests.e2e.helpers import chat, free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -26,7 +27,7 @@ def server(default_model_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("serve") / "server.log"
     proc = ServerProcess(
         ["--pamer-policy", "none", "--pamer-heads", str(heads), "--enforce-eager", "--max-num-seqs", "4"],
-        free_port(),
+        None,
         log,
         env={"PAMER_STORE": str(log.parent / "memory.sqlite3")},
     )
@@ -64,7 +65,7 @@ def replayed(client, trajectory):
 def test_every_response_reports_capture_and_five_logits(replayed):
     for policy, steps in replayed.items():
         assert len(steps) >= 10
-        for history, response in steps:
+        for _history, response in steps:
             report = response.model_extra["pamer"]
             assert report["policy"] == policy and report["session_id"] == f"e2e-{policy}"
             assert report["captured"] is True
@@ -108,7 +109,7 @@ def test_session_endpoint_holds_last_vote(client, replayed, server):
     state = requests.get(f"{server.base_url}/pamer/sessions/e2e-none", timeout=10).json()
     assert state["captures"] == state["requests"] == len(replayed["none"])
     last = replayed["none"][-1][1].model_extra["pamer"]
-    assert state["last_vote"]["logits"] == pytest.approx(last["head_logits"])
+    assert state["last_vote"]["head_logits"] == pytest.approx(last["head_logits"])
     assert requests.get(f"{server.base_url}/pamer/sessions/nope", timeout=10).status_code == 404
 
 
@@ -125,7 +126,10 @@ def test_streaming_last_chunk_carries_report(client, trajectory):
 def test_request_without_session_is_served_unchanged(client, trajectory):
     history = trajectory["messages"][:6]
     response = client.chat.completions.create(
-        model=DEFAULT_MODEL_NAME, messages=history, max_tokens=4, temperature=0,
+        model=DEFAULT_MODEL_NAME,
+        messages=history,
+        max_tokens=4,
+        temperature=0,
         extra_headers={"X-Pamer-Policy": "recent_k", "X-Pamer-Echo": "1"},
     )
     report = response.model_extra["pamer"]
@@ -146,14 +150,46 @@ def test_orphan_tool_result_falls_back_unchanged(client, trajectory):
         ("{not json", "not valid JSON"),
         (json.dumps({"model": DEFAULT_MODEL_NAME, "messages": []}), "non-empty list"),
         (json.dumps({"model": DEFAULT_MODEL_NAME, "messages": [{"role": "robot", "content": "x"}]}), "robot"),
-        (json.dumps({"model": DEFAULT_MODEL_NAME, "messages": [{"role": "user", "content": "x"}], "pamer_policy": "nope"}), "unknown memory policy"),
+        (
+            json.dumps(
+                {"model": DEFAULT_MODEL_NAME, "messages": [{"role": "user", "content": "x"}], "pamer_policy": "nope"}
+            ),
+            "unknown memory policy",
+        ),
         # refused before the policy sees the request, so no memory work starts
-        (json.dumps({"model": DEFAULT_MODEL_NAME, "messages": [{"role": "user", "content": "x"}],
-                     "session_id": "e2e-bad-max-tokens", "max_tokens": "many"}), "max_tokens"),
-        (json.dumps({"model": DEFAULT_MODEL_NAME, "messages": [{"role": "user", "content": "x"}], "session_id": "e2e-bad-tools",
-                     "tools": [{"type": "function", "function": {"description": "no name"}}]}), "tools.0.function.name"),
-        (json.dumps({"model": DEFAULT_MODEL_NAME, "messages": [{"role": "user", "content": "x"}],
-                     "session_id": "e2e-bad-tool-choice", "tool_choice": "required"}), "`tools` must be set"),
+        (
+            json.dumps(
+                {
+                    "model": DEFAULT_MODEL_NAME,
+                    "messages": [{"role": "user", "content": "x"}],
+                    "session_id": "e2e-bad-max-tokens",
+                    "max_tokens": "many",
+                }
+            ),
+            "max_tokens",
+        ),
+        (
+            json.dumps(
+                {
+                    "model": DEFAULT_MODEL_NAME,
+                    "messages": [{"role": "user", "content": "x"}],
+                    "session_id": "e2e-bad-tools",
+                    "tools": [{"type": "function", "function": {"description": "no name"}}],
+                }
+            ),
+            "tools.0.function.name",
+        ),
+        (
+            json.dumps(
+                {
+                    "model": DEFAULT_MODEL_NAME,
+                    "messages": [{"role": "user", "content": "x"}],
+                    "session_id": "e2e-bad-tool-choice",
+                    "tool_choice": "required",
+                }
+            ),
+            "`tools` must be set",
+        ),
     ],
 )
 def test_malformed_requests_get_clear_400(server, body, needle):

@@ -14,8 +14,9 @@ import torch
 
 from tests.engine.tiny_models import build_tiny_model, hf_last_token_states
 from vllm_pamer.channel import CAPTURE_KEY, CHANNEL_ENV, CaptureReceiver
-from vllm_pamer.core.heads import ModelFingerprint, load_heads, random_heads, save_heads
+from vllm_pamer.core.heads import load_heads, random_heads, save_heads
 from vllm_pamer.kernels import five_head_vote_reference
+from vllm_pamer.model_config import model_fingerprint
 
 pytestmark = pytest.mark.engine
 
@@ -29,7 +30,7 @@ def start_tiny_engine(kind: str, root, tokenizer_dir):
 
     model_dir = build_tiny_model(kind, root / "model", tokenizer_dir)
     heads_path = root / "heads.safetensors"
-    fingerprint = ModelFingerprint.from_model_dir(model_dir, f"tiny-{kind}")
+    fingerprint = model_fingerprint(model_dir, f"tiny-{kind}")
     save_heads(random_heads(fingerprint, seed=1), heads_path)
     address = f"ipc://{root}/capture.sock"
     collector = CaptureReceiver(address)
@@ -73,9 +74,7 @@ def _generate(llm, prompts, **params):
     from vllm import SamplingParams, TokensPrompt
 
     keys = [uuid.uuid4().hex for _ in prompts]
-    sampling = [
-        SamplingParams(max_tokens=4, temperature=0.0, extra_args={CAPTURE_KEY: key}, **params) for key in keys
-    ]
+    sampling = [SamplingParams(max_tokens=4, temperature=0.0, extra_args={CAPTURE_KEY: key}, **params) for key in keys]
     llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sampling, use_tqdm=False)
     return keys
 

@@ -15,7 +15,6 @@ import torch
 
 from tests.engine.tiny_models import build_tiny_model, hf_last_token_states
 from vllm_pamer.core.render import render_tools_as_text
-from vllm_pamer.trajectories import load_trajectories
 from vllm_pamer.offline_engine import CaptureEngine
 from vllm_pamer.training.annotate import annotate_trajectory, char_counter
 from vllm_pamer.training.data import StatesError, load_data, load_labels, load_layer_states, load_states
@@ -29,6 +28,7 @@ from vllm_pamer.training.extract import (
     token_limit,
     truncate_ids,
 )
+from vllm_pamer.trajectories import load_trajectories
 
 pytestmark = pytest.mark.engine
 
@@ -78,7 +78,7 @@ def _expected_ids(tokenizer, messages, keep_head):
     if len(ids) <= limit:
         return ids, len(ids), False
     head = min(keep_head, limit // 2)  # 2048 is scaled down to the small window
-    return ids[:head] + ids[len(ids) - (limit - head):], len(ids), True
+    return ids[:head] + ids[len(ids) - (limit - head) :], len(ids), True
 
 
 def _cosines(states: np.ndarray, reference: torch.Tensor) -> np.ndarray:
@@ -121,7 +121,9 @@ def test_states_match_hf_with_truncation(engine, labelled, tmp_path, keep_head):
         recent_ids, recent_total, recent_cut = _expected_ids(tokenizer, recent_messages, keep_head)
         assert (row["full_tokens"], row["context_tokens"], row["truncated"]) == (len(full_ids), full_total, full_cut)
         assert (row["recent2_tokens"], row["recent2_context_tokens"], row["recent2_truncated"]) == (
-            len(recent_ids), recent_total, recent_cut
+            len(recent_ids),
+            recent_total,
+            recent_cut,
         )
         # the annotation's labels and context travel with the row
         assert row["trajectory_id"] == point.trajectory_id and row["message_index"] == point.message_index
@@ -142,7 +144,7 @@ def test_states_match_hf_with_truncation(engine, labelled, tmp_path, keep_head):
 
 def test_resume_and_settings_guard(engine, labelled, tmp_path):
     live, model_dir = engine
-    data, labels, _, annotated = labelled
+    data, labels, _, _annotated = labelled
     prompter = _prompter(model_dir, 64)
     points = join_points(load_labels(labels), load_data([data]))
     out = tmp_path / "out"
@@ -173,8 +175,15 @@ def test_resume_and_settings_guard(engine, labelled, tmp_path):
     with pytest.raises(StatesError, match="other settings"):
         extract(points[:4], out, prompter, no_engine, shard_size=SHARD, settings={"dtype": "float32"}, progress=False)
     with pytest.raises(StatesError, match="other settings"):
-        extract(points, out, _prompter(model_dir, 128), no_engine, shard_size=SHARD,
-                settings={"dtype": "float32"}, progress=False)
+        extract(
+            points,
+            out,
+            _prompter(model_dir, 128),
+            no_engine,
+            shard_size=SHARD,
+            settings={"dtype": "float32"},
+            progress=False,
+        )
 
 
 def test_layerwise_states_match_hf(labelled, tmp_path, tokenizer_dir):
@@ -188,8 +197,12 @@ def test_layerwise_states_match_hf(labelled, tmp_path, tokenizer_dir):
     points = join_points(load_labels(labels), load_data([data]))[::3]  # 4 points, whole and cut prompts
     prompter = _prompter(model_dir, 64)
     with CaptureEngine(
-        model_dir, max_model_len=MAX_MODEL_LEN, dtype="float32", gpu_memory_utilization=0.15,
-        max_num_batched_tokens=64, layers=[1],
+        model_dir,
+        max_model_len=MAX_MODEL_LEN,
+        dtype="float32",
+        gpu_memory_utilization=0.15,
+        max_num_batched_tokens=64,
+        layers=[1],
     ) as live:
         assert not live.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching  # every token computed
         extract(points, tmp_path / "out", prompter, live, shard_size=3, progress=False, layers=[1])
@@ -228,12 +241,13 @@ def test_selection_is_deterministic(labelled):
 
 
 def test_labels_must_match_the_data(labelled, tmp_path):
-    data, labels, trajectories, annotated = labelled
+    data, labels, trajectories, _annotated = labelled
     with pytest.raises(ExtractError, match="not in the data"):
         join_points(load_labels(labels), load_data([data])[:1])
     # labels of another n_recent do not fit this split
     with pytest.raises(ExtractError, match="n-recent"):
         join_points(
             [p for t in trajectories for p in annotate_trajectory(t, char_counter, n_recent=1)],
-            trajectories, n_recent=2,
+            trajectories,
+            n_recent=2,
         )

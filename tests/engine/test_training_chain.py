@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from vllm_pamer.kernels import five_head_vote_reference
 from tests.engine.tiny_models import build_tiny_model
-from vllm_pamer.core.heads import ModelFingerprint, load_heads
+from vllm_pamer.core.heads import load_heads
+from vllm_pamer.kernels import five_head_vote_reference
+from vllm_pamer.model_config import model_fingerprint
 from vllm_pamer.training.cli import annotate_main, extract_main, train_main
 from vllm_pamer.training.data import load_states
 
@@ -30,22 +31,54 @@ def test_annotate_extract_train(tmp_path, tokenizer_dir, capsys):
     gated_file = tmp_path / "gated.jsonl"
     gated_file.write_text("".join(json.dumps(row) + "\n" for row in gated))
 
-    assert extract_main([
-        "--labels", str(gated_file), "--out", str(states), "--model", str(model), "--max-model-len", "2048",
-        "--gpu-memory-utilization", "0.15", "--shard-size", "64", "--no-progress",
-    ]) == 0
+    assert (
+        extract_main(
+            [
+                "--labels",
+                str(gated_file),
+                "--out",
+                str(states),
+                "--model",
+                str(model),
+                "--max-model-len",
+                "2048",
+                "--gpu-memory-utilization",
+                "0.15",
+                "--shard-size",
+                "64",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     full, _, meta = load_states(states)
     assert len(meta) == len(gated) and full.shape == (len(gated), 128)
 
-    assert train_main([
-        "--states", str(states), "--out", str(heads), "--report", str(report), "--model", str(model),
-        "--epochs", "5", "--no-ablations",
-    ]) == 0
+    assert (
+        train_main(
+            [
+                "--states",
+                str(states),
+                "--out",
+                str(heads),
+                "--report",
+                str(report),
+                "--model",
+                str(model),
+                "--epochs",
+                "5",
+                "--no-ablations",
+            ]
+        )
+        == 0
+    )
     assert "wrote" in capsys.readouterr().out
     loaded = load_heads(heads)
-    loaded.check_model(ModelFingerprint.from_model_dir(model))
+    loaded.check_model(model_fingerprint(model))
     assert loaded.trained and loaded.w1.shape == (5, 128, 256)
-    assert (report / "report.md").exists() and json.loads((report / "results.json").read_text())["data"]["rows"] == len(meta)
+    assert (report / "report.md").exists() and json.loads((report / "results.json").read_text())["data"]["rows"] == len(
+        meta
+    )
     tensors = [torch.from_numpy(getattr(loaded, n)) for n in ("w1", "b1", "w2", "b2", "thresholds")]
     logits, _, _ = five_head_vote_reference(torch.from_numpy(full), *tensors, min_votes=3)
     assert torch.isfinite(logits).all() and np.unique(logits[:, 0].numpy()).size > 1  # the heads read the states

@@ -11,7 +11,15 @@ import torch
 def build_tiny_model(kind: str, out_dir: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
     """A 2-layer model of architecture ``kind`` (llama, qwen2, qwen3), fp32,
     with the tokenizer of ``tokenizer_dir``."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+    from transformers import (
+        AutoTokenizer,
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     common = dict(

@@ -10,20 +10,20 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # effective only if the kernel module isn't imported yet
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import pytest
+import torch
 
-from vllm_pamer.kernels import cosine_topk_reference, cosine_topk_triton  # noqa: E402
-from vllm_pamer.kernels._cosine_topk_triton import _cosine_topk_kernel  # noqa: E402
-from vllm_pamer.kernels._triton_utils import is_interpreted  # noqa: E402
-from tests.kernels.oracles import (  # noqa: E402
+from tests.kernels.oracles import (
     check_topk,
     poisoned_topk_outputs,
     tie_problem,
     topk_exact_oracle,
     topk_problem,
 )
+from vllm_pamer.kernels import cosine_topk_reference, cosine_topk_triton
+from vllm_pamer.kernels._cosine_topk_triton import _cosine_topk_kernel
+from vllm_pamer.kernels._triton_utils import is_interpreted
 
 if not is_interpreted(_cosine_topk_kernel):
     pytest.skip("needs TRITON_INTERPRET=1 before the kernel module is imported", allow_module_level=True)
@@ -63,10 +63,10 @@ def test_topk_every_k(k):
 @pytest.mark.parametrize(
     "batch,n,e,config",
     [
-        (7, 3000, 384, dict(num_splits=5, block_n=64)),                # 5 slices of 10 chunks
-        (64, 2000, 1024, dict(num_splits=3, block_b=32)),              # 2 B-blocks x 3 slices
-        (20, 777, 384, dict(num_splits=7, block_n=32, block_e=128)),   # ragged B, N and e blocks
-        (1, 2100, 384, dict(num_splits=33, block_n=32)),               # final merge over 3 blocks of slices
+        (7, 3000, 384, dict(num_splits=5, block_n=64)),  # 5 slices of 10 chunks
+        (64, 2000, 1024, dict(num_splits=3, block_b=32)),  # 2 B-blocks x 3 slices
+        (20, 777, 384, dict(num_splits=7, block_n=32, block_e=128)),  # ragged B, N and e blocks
+        (1, 2100, 384, dict(num_splits=33, block_n=32)),  # final merge over 3 blocks of slices
     ],
 )
 def test_topk_split_paths(batch, n, e, config):
@@ -77,11 +77,11 @@ def test_topk_split_paths(batch, n, e, config):
 @pytest.mark.parametrize(
     "config",
     [
-        dict(),                              # one slice, two chunks
-        dict(block_n=32),                    # one slice, ten chunks: ties between chunks
-        dict(num_splits=6, block_n=32),      # ties between slices
-        dict(num_splits=19, block_n=16),     # ... and between blocks of slices at the final merge
-        dict(num_splits=3, block_b=16),      # two B-blocks
+        dict(),  # one slice, two chunks
+        dict(block_n=32),  # one slice, ten chunks: ties between chunks
+        dict(num_splits=6, block_n=32),  # ties between slices
+        dict(num_splits=19, block_n=16),  # ... and between blocks of slices at the final merge
+        dict(num_splits=3, block_b=16),  # two B-blocks
     ],
 )
 def test_topk_ties_by_lower_row(config):

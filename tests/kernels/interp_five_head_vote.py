@@ -9,14 +9,14 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # effective only if the kernel module isn't imported yet
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import pytest
+import torch
 
-from vllm_pamer.kernels import five_head_vote_triton  # noqa: E402
-from vllm_pamer.kernels._five_head_vote_triton import _five_head_vote_kernel  # noqa: E402
-from vllm_pamer.kernels._triton_utils import is_interpreted  # noqa: E402
-from tests.kernels.oracles import check_vote, poisoned_vote_outputs, vote_problem  # noqa: E402
+from tests.kernels.oracles import check_vote, poisoned_vote_outputs, vote_problem
+from vllm_pamer.kernels import five_head_vote_triton
+from vllm_pamer.kernels._five_head_vote_triton import _five_head_vote_kernel
+from vllm_pamer.kernels._triton_utils import is_interpreted
 
 if not is_interpreted(_five_head_vote_kernel):
     pytest.skip("needs TRITON_INTERPRET=1 before the kernel module is imported", allow_module_level=True)
@@ -57,10 +57,10 @@ def test_vote_sixteen_bit_heads(w_dtype):
 @pytest.mark.parametrize(
     "batch,d,config",
     [
-        (7, 576, dict(num_splits=3, block_w=64, block_d=64)),               # 3 d-slices, 4 W-blocks a head
-        (64, 4096, dict(num_splits=4, block_w=128, block_b=32)),            # 2 B-blocks, 4 d-slices
+        (7, 576, dict(num_splits=3, block_w=64, block_d=64)),  # 3 d-slices, 4 W-blocks a head
+        (64, 4096, dict(num_splits=4, block_w=128, block_b=32)),  # 2 B-blocks, 4 d-slices
         (20, 600, dict(num_splits=5, block_w=32, block_d=64, block_b=16)),  # ragged B and last d-chunk
-        (1, 8192, dict(num_splits=8, block_d=256)),                         # the largest d
+        (1, 8192, dict(num_splits=8, block_d=256)),  # the largest d
     ],
 )
 def test_vote_split_paths(batch, d, config):

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from vllm_pamer.kernels import cosine_topk, cosine_topk_reference
 from tests.kernels.oracles import check_topk, tie_problem, topk_exact_oracle, topk_problem
+from vllm_pamer.kernels import cosine_topk, cosine_topk_reference
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

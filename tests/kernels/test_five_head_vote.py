@@ -5,15 +5,14 @@ Triton kernel on CUDA. The Triton kernel on CPU is in interp_five_head_vote.py."
 from __future__ import annotations
 
 import importlib
-
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from vllm_pamer.kernels import five_head_vote, five_head_vote_reference
 from tests.kernels.oracles import check_vote, vote_problem
+from vllm_pamer.kernels import five_head_vote, five_head_vote_reference
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -30,7 +29,7 @@ def test_reference_matches_float64(batch, d, x_dtype):
 def test_reference_large_batch_and_float64():
     args, logits64 = vote_problem(1024, 576, seed=1)
     check_vote(five_head_vote_reference(*args, 3), logits64, args[5], 3)
-    logits, votes, _ = five_head_vote_reference(*(t.double() for t in args), 3)
+    logits, _votes, _ = five_head_vote_reference(*(t.double() for t in args), 3)
     assert logits.dtype == torch.float64
     torch.testing.assert_close(logits, torch.from_numpy(logits64), rtol=1e-12, atol=1e-12)
 

@@ -22,7 +22,11 @@ def test_kernels_compile_for_nvidia_without_spills():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(
         [sys.executable, str(HERE / "compile_check.py")],
-        cwd=HERE.parent.parent, env=env, capture_output=True, text=True, timeout=900,
+        cwd=HERE.parent.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-6000:]
     variants = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]

@@ -73,11 +73,15 @@ class Conversation(msgspec.Struct, frozen=True):
         return out
 
     def old_and_recent(self, n_recent: int = 2) -> tuple[tuple[Block, ...], tuple[Block, ...]]:
-        """(O, R): R is the ``n_recent`` most recent blocks, O the blocks before them."""
-        if n_recent <= 0:
-            return self.blocks, ()
-        cut = max(0, len(self.blocks) - n_recent)
-        return self.blocks[:cut], self.blocks[cut:]
+        """(O, R) of all the blocks (``split_recent``); policies split C_eff
+        instead (``core/view.py``)."""
+        return split_recent(self.blocks, n_recent)
+
+
+def split_recent(blocks: Sequence[Block], n_recent: int) -> tuple[tuple[Block, ...], tuple[Block, ...]]:
+    """(O, R): R is the ``n_recent`` most recent blocks (none for 0), O the blocks before them."""
+    cut = max(0, len(blocks) - max(0, n_recent))
+    return tuple(blocks[:cut]), tuple(blocks[cut:])
 
 
 def check_message_shape(messages: Any) -> list[Message]:
@@ -95,9 +99,7 @@ def check_message_shape(messages: Any) -> list[Message]:
         calls = message.get("tool_calls")
         if calls is not None:
             if role != "assistant" or not isinstance(calls, list):
-                raise MalformedRequest(
-                    f"messages[{i}].tool_calls must be a list on an assistant message"
-                )
+                raise MalformedRequest(f"messages[{i}].tool_calls must be a list on an assistant message")
             for j, call in enumerate(calls):
                 if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
                     raise MalformedRequest(f"messages[{i}].tool_calls[{j}] has no function")
@@ -108,9 +110,7 @@ def check_message_shape(messages: Any) -> list[Message]:
 
 def split_conversation(messages: Sequence[Message]) -> Conversation:
     """Split messages into prefix and blocks (lossless; no protocol check)."""
-    first_assistant = next(
-        (i for i, m in enumerate(messages) if m.get("role") == "assistant"), len(messages)
-    )
+    first_assistant = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), len(messages))
     blocks: list[Block] = []
     current: list[Message] = []
     for message in messages[first_assistant:]:
@@ -146,14 +146,18 @@ def protocol_issues(messages: Sequence[Message]) -> list[ProtocolIssue]:
             for call in message.get("tool_calls") or []:
                 call_id = call.get("id")
                 if not call_id or call_id in open_calls:
-                    issues.append(ProtocolIssue(i, "duplicate_tool_call_id", f"call id {call_id!r} is empty or repeated"))
+                    issues.append(
+                        ProtocolIssue(i, "duplicate_tool_call_id", f"call id {call_id!r} is empty or repeated")
+                    )
                 open_calls[call_id] = i
         elif role == "tool":
             call_id = message.get("tool_call_id")
             if open_calls is None:
                 issues.append(ProtocolIssue(i, "orphan_tool_result", "tool result before any assistant message"))
             elif call_id not in open_calls:
-                issues.append(ProtocolIssue(i, "unknown_tool_call_id", f"no call {call_id!r} in the preceding assistant message"))
+                issues.append(
+                    ProtocolIssue(i, "unknown_tool_call_id", f"no call {call_id!r} in the preceding assistant message")
+                )
             elif call_id in answered:
                 issues.append(ProtocolIssue(i, "duplicate_tool_result", f"call {call_id!r} answered twice"))
             else:

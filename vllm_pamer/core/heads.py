@@ -46,7 +46,7 @@ class ModelFingerprint(msgspec.Struct, frozen=True):
     """Informative only: paths differ between machines, the shape does not."""
 
     @classmethod
-    def from_hf_config(cls, config: Any, model_name: str = "") -> "ModelFingerprint":
+    def from_hf_config(cls, config: Any, model_name: str = "") -> ModelFingerprint:
         text_config = getattr(config, "get_text_config", lambda: config)()
         architectures = getattr(config, "architectures", None) or ["unknown"]
         return cls(
@@ -57,14 +57,7 @@ class ModelFingerprint(msgspec.Struct, frozen=True):
             model_name=model_name,
         )
 
-    @classmethod
-    def from_model_dir(cls, model: str | Path, model_name: str | None = None) -> "ModelFingerprint":
-        """The fingerprint of a model directory (or hub name), from its config."""
-        from transformers import AutoConfig
-
-        return cls.from_hf_config(AutoConfig.from_pretrained(str(model)), model_name or Path(str(model)).name)
-
-    def mismatch(self, other: "ModelFingerprint") -> str | None:
+    def mismatch(self, other: ModelFingerprint) -> str | None:
         for field in ("architecture", "hidden_size", "num_hidden_layers", "vocab_size"):
             mine, theirs = getattr(self, field), getattr(other, field)
             if mine != theirs:
@@ -131,7 +124,7 @@ def load_heads(path: str | Path) -> Heads:
     try:
         with safe_open(str(path), framework="numpy") as handle:
             metadata = handle.metadata() or {}
-            tensors = {name: handle.get_tensor(name) for name in handle.keys()}
+            tensors = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118 - safe_open is not iterable
     except Exception as exc:  # safetensors raises several error types
         raise ValueError(f"{path} is not a readable safetensors heads file: {exc}") from exc
     if metadata.get("format") != HEADS_FORMAT:

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
 
 import msgspec
+import numpy as np
 
 from vllm_pamer.core.blocks import Message, protocol_issues, split_conversation
-from vllm_pamer.core.policies import HeadVote, MemoryPolicy, PolicyDecision, PolicyRequest
+from vllm_pamer.core.policies import HeadVote, MemoryPolicy, PolicyContext, PolicyDecision, PolicyRequest
 
 logger = logging.getLogger("vllm_pamer.pipeline")
 
@@ -42,8 +42,8 @@ async def rewrite_request(
     session_id: str | None,
     policy: MemoryPolicy,
     previous_vote: HeadVote | None = None,
-    memory: Any = None,
-    previous_state: Any = None,
+    context: PolicyContext | None = None,
+    previous_state: np.ndarray | None = None,
     tools: list[dict] | None = None,
     prompt_tokens: int | None = None,
 ) -> RewriteOutcome:
@@ -53,7 +53,9 @@ async def rewrite_request(
     if issues:
         first = issues[0]
         return _fallback(messages, "unsafe_tool_protocol", f"{first.rule} at message {first.index}: {first.detail}")
-    request = PolicyRequest(session_id, split_conversation(messages), previous_vote, memory, previous_state, tools, prompt_tokens)
+    request = PolicyRequest(
+        session_id, split_conversation(messages), previous_vote, context, previous_state, tools, prompt_tokens
+    )
     try:
         decision: PolicyDecision = await policy.rewrite(request)
     except Exception as exc:  # a failed memory operation never removes history
@@ -65,6 +67,10 @@ async def rewrite_request(
     if issues or not decision.messages:
         return _fallback(messages, "invalid_rewrite", issues[0].detail if issues else "empty result")
     return RewriteOutcome(
-        decision.messages, decision.action, decision.detail, decision.tokens_inserted, decision.extra_tools,
+        decision.messages,
+        decision.action,
+        decision.detail,
+        decision.tokens_inserted,
+        decision.extra_tools,
         decision.recalled,
     )

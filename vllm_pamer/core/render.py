@@ -61,8 +61,11 @@ def render_tools_as_text(messages: Sequence[Message]) -> list[Message]:
             name = message.get("name") or "tool"
             header = f"[{name} result for call {message.get('tool_call_id')}]"
             rendered.append(
-                {"role": "tool", "content": f"{header}\n{_text(message.get('content'))}",
-                 "tool_call_id": message.get("tool_call_id")}
+                {
+                    "role": "tool",
+                    "content": f"{header}\n{_text(message.get('content'))}",
+                    "tool_call_id": message.get("tool_call_id"),
+                }
             )
         elif message.get("content") is None:
             rendered.append({**message, "content": ""})

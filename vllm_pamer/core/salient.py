@@ -42,21 +42,82 @@ STOPLIST: frozenset[str] = frozenset(
 """Values that are never salient (ubiquitous plumbing and API vocabulary)."""
 
 PYTHON_BUILTINS: frozenset[str] = frozenset(
-    """
-    ArithmeticError AssertionError AttributeError BaseException BaseExceptionGroup
-    BlockingIOError BrokenPipeError BufferError BytesWarning ChildProcessError
-    ConnectionAbortedError ConnectionError ConnectionRefusedError ConnectionResetError
-    DeprecationWarning EOFError Ellipsis EncodingWarning EnvironmentError Exception
-    ExceptionGroup False FileExistsError FileNotFoundError FloatingPointError FutureWarning
-    GeneratorExit IOError ImportError ImportWarning IndentationError IndexError InterruptedError
-    IsADirectoryError KeyError KeyboardInterrupt LookupError MemoryError ModuleNotFoundError
-    NameError None NotADirectoryError NotImplemented NotImplementedError OSError OverflowError
-    PendingDeprecationWarning PermissionError ProcessLookupError RecursionError ReferenceError
-    ResourceWarning RuntimeError RuntimeWarning StopAsyncIteration StopIteration SyntaxError
-    SyntaxWarning SystemError SystemExit TabError TimeoutError True TypeError UnboundLocalError
-    UnicodeDecodeError UnicodeEncodeError UnicodeError UnicodeTranslateError UnicodeWarning
-    UserWarning ValueError Warning ZeroDivisionError
-    """.split()
+    [
+        "ArithmeticError",
+        "AssertionError",
+        "AttributeError",
+        "BaseException",
+        "BaseExceptionGroup",
+        "BlockingIOError",
+        "BrokenPipeError",
+        "BufferError",
+        "BytesWarning",
+        "ChildProcessError",
+        "ConnectionAbortedError",
+        "ConnectionError",
+        "ConnectionRefusedError",
+        "ConnectionResetError",
+        "DeprecationWarning",
+        "EOFError",
+        "Ellipsis",
+        "EncodingWarning",
+        "EnvironmentError",
+        "Exception",
+        "ExceptionGroup",
+        "False",
+        "FileExistsError",
+        "FileNotFoundError",
+        "FloatingPointError",
+        "FutureWarning",
+        "GeneratorExit",
+        "IOError",
+        "ImportError",
+        "ImportWarning",
+        "IndentationError",
+        "IndexError",
+        "InterruptedError",
+        "IsADirectoryError",
+        "KeyError",
+        "KeyboardInterrupt",
+        "LookupError",
+        "MemoryError",
+        "ModuleNotFoundError",
+        "NameError",
+        "None",
+        "NotADirectoryError",
+        "NotImplemented",
+        "NotImplementedError",
+        "OSError",
+        "OverflowError",
+        "PendingDeprecationWarning",
+        "PermissionError",
+        "ProcessLookupError",
+        "RecursionError",
+        "ReferenceError",
+        "ResourceWarning",
+        "RuntimeError",
+        "RuntimeWarning",
+        "StopAsyncIteration",
+        "StopIteration",
+        "SyntaxError",
+        "SyntaxWarning",
+        "SystemError",
+        "SystemExit",
+        "TabError",
+        "TimeoutError",
+        "True",
+        "TypeError",
+        "UnboundLocalError",
+        "UnicodeDecodeError",
+        "UnicodeEncodeError",
+        "UnicodeError",
+        "UnicodeTranslateError",
+        "UnicodeWarning",
+        "UserWarning",
+        "ValueError",
+        "Warning",
+        "ZeroDivisionError",
+    ]
 )
 """Python's capitalised built-in names (``ValueError``, ``NotImplemented``; the
 builtins module of Python 3.11, frozen here so labels do not depend on the

@@ -19,7 +19,7 @@ from typing import Literal
 
 import msgspec
 
-from vllm_pamer.core.memory_store import Memory, StepDetail
+from vllm_pamer.core.store import Memory, StepDetail
 
 
 class StepSelection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

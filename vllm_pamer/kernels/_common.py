@@ -11,7 +11,7 @@ MAX_K = 8
 """Results per query the fused Top-K keeps in registers."""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def triton_available() -> bool:
     """Whether triton imports; without it CUDA tensors fall back to torch."""
     try:
@@ -23,7 +23,9 @@ def triton_available() -> bool:
 
 def check_topk_inputs(queries, query_sessions, matrix, row_sessions, k) -> None:
     if queries.dim() != 2 or matrix.dim() != 2 or queries.shape[1] != matrix.shape[1]:
-        raise ValueError(f"queries [B, e] and matrix [N, e] expected, got {tuple(queries.shape)} and {tuple(matrix.shape)}")
+        raise ValueError(
+            f"queries [B, e] and matrix [N, e] expected, got {tuple(queries.shape)} and {tuple(matrix.shape)}"
+        )
     if query_sessions.shape != (queries.shape[0],) or row_sessions.shape != (matrix.shape[0],):
         raise ValueError("query_sessions must be [B] and row_sessions [N]")
     if query_sessions.dtype != torch.int64 or row_sessions.dtype != torch.int64:

@@ -34,8 +34,15 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_pamer.kernels._triton_utils import cdiv, check_device, default_precision, is_interpreted, next_pow2, target_programs
 from vllm_pamer.kernels._common import check_topk_inputs
+from vllm_pamer.kernels._triton_utils import (
+    cdiv,
+    check_device,
+    default_precision,
+    is_interpreted,
+    next_pow2,
+    target_programs,
+)
 
 _INT32_MAX = tl.constexpr(2147483647)
 
@@ -74,14 +81,33 @@ def _kth(best_s, K: tl.constexpr, KPAD: tl.constexpr):
 
 @triton.jit
 def _cosine_topk_kernel(
-    q_ptr, qsess_ptr, m_ptr, rsess_ptr,                 # inputs
-    idx_ptr, score_ptr,                                 # outputs [B, K]
-    part_s_ptr, part_i_ptr, count_ptr,                  # scratch
-    B, N, E, rows_per_split, n_splits,
-    stride_qb, stride_qe, stride_mn, stride_me,
-    K: tl.constexpr, KPAD: tl.constexpr, SPLIT: tl.constexpr,
-    BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, SPLIT_BLOCK: tl.constexpr,
-    DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
+    q_ptr,
+    qsess_ptr,
+    m_ptr,
+    rsess_ptr,  # inputs
+    idx_ptr,
+    score_ptr,  # outputs [B, K]
+    part_s_ptr,
+    part_i_ptr,
+    count_ptr,  # scratch
+    B,
+    N,
+    E,
+    rows_per_split,
+    n_splits,
+    stride_qb,
+    stride_qe,
+    stride_mn,
+    stride_me,
+    K: tl.constexpr,
+    KPAD: tl.constexpr,
+    SPLIT: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    SPLIT_BLOCK: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     pid_b = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -94,8 +120,11 @@ def _cosine_topk_kernel(
     qn2 = tl.zeros([BLOCK_B], dtype=tl.float32)
     for e0 in range(0, E, BLOCK_E):
         es = e0 + tl.arange(0, BLOCK_E)
-        q = tl.load(q_ptr + qrows[:, None] * stride_qb + es[None, :] * stride_qe,
-                    mask=qmask[:, None] & (es < E)[None, :], other=0.0).to(tl.float32)
+        q = tl.load(
+            q_ptr + qrows[:, None] * stride_qb + es[None, :] * stride_qe,
+            mask=qmask[:, None] & (es < E)[None, :],
+            other=0.0,
+        ).to(tl.float32)
         qn2 += tl.sum(q * q, axis=1)
     q_ok = qmask & (qsess >= 0) & (qn2 > 0)
     inv_qn = tl.where(q_ok, 1.0 / tl.sqrt(tl.where(q_ok, qn2, 1.0)), 0.0)
@@ -117,8 +146,11 @@ def _cosine_topk_kernel(
             for e0 in range(0, E, BLOCK_E):
                 es = e0 + tl.arange(0, BLOCK_E)
                 emask = es < E
-                q = tl.load(q_ptr + qrows[:, None] * stride_qb + es[None, :] * stride_qe,
-                            mask=qmask[:, None] & emask[None, :], other=0.0)
+                q = tl.load(
+                    q_ptr + qrows[:, None] * stride_qb + es[None, :] * stride_qe,
+                    mask=qmask[:, None] & emask[None, :],
+                    other=0.0,
+                )
                 m = tl.load(m_rows + es[None, :] * stride_me, mask=nmask[:, None] & emask[None, :], other=0.0)
                 mf = m.to(tl.float32)
                 mn2 += tl.sum(mf * mf, axis=1)
@@ -169,9 +201,19 @@ def _cosine_topk_kernel(
 
 @functools.lru_cache(maxsize=1024)  # launches repeat shapes; planning is Python overhead
 def plan(
-    B: int, N: int, E: int, k: int, q_dtype: torch.dtype, m_dtype: torch.dtype, *,
-    interpreted: bool, programs: int, precision: str,
-    block_b: int | None = None, block_n: int | None = None, block_e: int | None = None,
+    B: int,
+    N: int,
+    E: int,
+    k: int,
+    q_dtype: torch.dtype,
+    m_dtype: torch.dtype,
+    *,
+    interpreted: bool,
+    programs: int,
+    precision: str,
+    block_b: int | None = None,
+    block_n: int | None = None,
+    block_e: int | None = None,
     num_splits: int | None = None,
 ) -> dict:
     """Tiles, grid and compile-time constants of one launch; ``programs`` is
@@ -210,9 +252,15 @@ def plan(
         rows_per_split=rows_per_split,
         kpad=kpad,
         constexprs=dict(
-            K=k, KPAD=kpad, SPLIT=num_splits > 1,
-            BLOCK_B=block_b, BLOCK_N=block_n, BLOCK_E=block_e, SPLIT_BLOCK=split_block,
-            DOT_FP32=dot_fp32, PRECISION=precision,
+            K=k,
+            KPAD=kpad,
+            SPLIT=num_splits > 1,
+            BLOCK_B=block_b,
+            BLOCK_N=block_n,
+            BLOCK_E=block_e,
+            SPLIT_BLOCK=split_block,
+            DOT_FP32=dot_fp32,
+            PRECISION=precision,
         ),
         options=dict(num_warps=num_warps, num_stages=3),
     )
@@ -264,10 +312,19 @@ def cosine_topk_triton(
 
     interpreted = is_interpreted(_cosine_topk_kernel)
     p = plan(
-        B, N, E, k, queries.dtype, matrix.dtype,
-        interpreted=interpreted, programs=target_programs(device, interpreted, per_sm=4),
+        B,
+        N,
+        E,
+        k,
+        queries.dtype,
+        matrix.dtype,
+        interpreted=interpreted,
+        programs=target_programs(device, interpreted, per_sm=4),
         precision=precision or default_precision(device, interpreted),
-        block_b=block_b, block_n=block_n, block_e=block_e, num_splits=num_splits,
+        block_b=block_b,
+        block_n=block_n,
+        block_e=block_e,
+        num_splits=num_splits,
     )
     splits = p["num_splits"]
     qs, rs = query_sessions.contiguous(), row_sessions.contiguous()
@@ -280,11 +337,25 @@ def cosine_topk_triton(
         part_i.fill_(-7)
 
     _cosine_topk_kernel[p["grid"]](
-        queries, qs, matrix, rs,
-        indices, scores,
-        part_s, part_i, counters,
-        B, N, E, p["rows_per_split"], splits,
-        queries.stride(0), queries.stride(1), matrix.stride(0), matrix.stride(1),
-        **p["constexprs"], **p["options"],
+        queries,
+        qs,
+        matrix,
+        rs,
+        indices,
+        scores,
+        part_s,
+        part_i,
+        counters,
+        B,
+        N,
+        E,
+        p["rows_per_split"],
+        splits,
+        queries.stride(0),
+        queries.stride(1),
+        matrix.stride(0),
+        matrix.stride(1),
+        **p["constexprs"],
+        **p["options"],
     )
     return indices, scores

@@ -32,31 +32,61 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_pamer.kernels._triton_utils import cdiv, check_device, default_precision, is_interpreted, next_pow2, target_programs
+from vllm_pamer.kernels._triton_utils import (
+    cdiv,
+    check_device,
+    default_precision,
+    is_interpreted,
+    next_pow2,
+    target_programs,
+)
 
 _SQRT1_2 = tl.constexpr(0.7071067811865476)
 
 
 @triton.jit
 def _five_head_vote_kernel(
-    x_ptr, w1_ptr, b1_ptr, w2_ptr, b2_ptr, thr_ptr,            # inputs
-    logits_ptr, votes_ptr, decision_ptr,                       # outputs
-    hpart_ptr, lpart_ptr, tile_count_ptr, block_count_ptr,     # scratch
-    B, D, W, min_votes, chunks_per_split, n_wb,
-    stride_xb, stride_xd,
-    stride_wh, stride_wd, stride_ww,
-    stride_b1h, stride_w2h,
-    H: tl.constexpr, HPAD: tl.constexpr,
+    x_ptr,
+    w1_ptr,
+    b1_ptr,
+    w2_ptr,
+    b2_ptr,
+    thr_ptr,  # inputs
+    logits_ptr,
+    votes_ptr,
+    decision_ptr,  # outputs
+    hpart_ptr,
+    lpart_ptr,
+    tile_count_ptr,
+    block_count_ptr,  # scratch
+    B,
+    D,
+    W,
+    min_votes,
+    chunks_per_split,
+    n_wb,
+    stride_xb,
+    stride_xd,
+    stride_wh,
+    stride_wd,
+    stride_ww,
+    stride_b1h,
+    stride_w2h,
+    H: tl.constexpr,
+    HPAD: tl.constexpr,
     N_SPLITS: tl.constexpr,
-    BLOCK_B: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     # B-block is the fastest grid axis: programs sharing a weight tile run
     # side by side, so at larger B the second B-block finds the tile in L2.
     pid_b = tl.program_id(0)
     pid_t = tl.program_id(1)
-    wtile = pid_t // N_SPLITS          # (head, W-block), head-major
-    split = pid_t % N_SPLITS           # slice of d
+    wtile = pid_t // N_SPLITS  # (head, W-block), head-major
+    split = pid_t % N_SPLITS  # slice of d
     head = wtile // n_wb
     wb = wtile % n_wb
     n_wtiles = H * n_wb
@@ -74,8 +104,9 @@ def _five_head_vote_kernel(
     for d0 in range(d_lo, d_hi, BLOCK_D):
         ds = d0 + tl.arange(0, BLOCK_D)
         dmask = ds < d_hi
-        xt = tl.load(x_ptr + rows[:, None] * stride_xb + ds[None, :] * stride_xd,
-                     mask=rmask[:, None] & dmask[None, :], other=0.0)
+        xt = tl.load(
+            x_ptr + rows[:, None] * stride_xb + ds[None, :] * stride_xd, mask=rmask[:, None] & dmask[None, :], other=0.0
+        )
         wt = tl.load(w_base + ds[:, None] * stride_wd, mask=dmask[:, None] & umask[None, :], other=0.0)
         if DOT_FP32:
             acc += tl.dot(xt.to(tl.float32), wt.to(tl.float32), input_precision=PRECISION)
@@ -104,7 +135,7 @@ def _five_head_vote_kernel(
         w2 = tl.load(w2_ptr + head * stride_w2h + units, mask=umask, other=0.0).to(tl.float32)
         h = acc + b1[None, :]
         g = 0.5 * h * (1.0 + tl.math.erf(h * _SQRT1_2))  # torch's default (erf) GELU
-        contrib = tl.sum(g * w2[None, :], axis=1)        # masked units have w2 = 0
+        contrib = tl.sum(g * w2[None, :], axis=1)  # masked units have w2 = 0
         tl.store(lpart_ptr + wtile * B + rows, contrib, mask=rmask)
         tl.debug_barrier()
         arrived_b = tl.atomic_add(block_count_ptr + pid_b, 1, sem="acq_rel")
@@ -116,8 +147,9 @@ def _five_head_vote_kernel(
             m2 = rmask[:, None] & hmask[None, :]
             logit = tl.zeros([BLOCK_B, HPAD], dtype=tl.float32)
             for j in range(n_wb):
-                logit += tl.load(lpart_ptr + (hs[None, :] * n_wb + j) * B + rows[:, None],
-                                 mask=m2, other=0.0, cache_modifier=".cg")
+                logit += tl.load(
+                    lpart_ptr + (hs[None, :] * n_wb + j) * B + rows[:, None], mask=m2, other=0.0, cache_modifier=".cg"
+                )
             logit += tl.load(b2_ptr + hs, mask=hmask, other=0.0).to(tl.float32)[None, :]
             thr = tl.load(thr_ptr + hs, mask=hmask, other=0.0).to(tl.float32)
             tl.store(logits_ptr + rows[:, None] * H + hs[None, :], logit, mask=m2)
@@ -129,9 +161,19 @@ def _five_head_vote_kernel(
 
 @functools.lru_cache(maxsize=1024)  # launches repeat shapes; planning is Python overhead
 def plan(
-    B: int, D: int, H: int, W: int, x_dtype: torch.dtype, w_dtype: torch.dtype, *,
-    interpreted: bool, programs: int, precision: str,
-    block_b: int | None = None, block_w: int | None = None, block_d: int | None = None,
+    B: int,
+    D: int,
+    H: int,
+    W: int,
+    x_dtype: torch.dtype,
+    w_dtype: torch.dtype,
+    *,
+    interpreted: bool,
+    programs: int,
+    precision: str,
+    block_b: int | None = None,
+    block_w: int | None = None,
+    block_d: int | None = None,
     num_splits: int | None = None,
 ) -> dict:
     """Tiles, grid and compile-time constants of one launch; ``programs`` is
@@ -165,9 +207,14 @@ def plan(
         n_bblocks=n_bblocks,
         chunks_per_split=chunks_per_split,
         constexprs=dict(
-            H=H, HPAD=max(2, next_pow2(H)), N_SPLITS=num_splits,
-            BLOCK_B=block_b, BLOCK_W=block_w, BLOCK_D=block_d,
-            DOT_FP32=dot_fp32, PRECISION=precision,
+            H=H,
+            HPAD=max(2, next_pow2(H)),
+            N_SPLITS=num_splits,
+            BLOCK_B=block_b,
+            BLOCK_W=block_w,
+            BLOCK_D=block_d,
+            DOT_FP32=dot_fp32,
+            PRECISION=precision,
         ),
         options=dict(num_warps=4, num_stages=3),
     )
@@ -219,10 +266,19 @@ def five_head_vote_triton(
 
     interpreted = is_interpreted(_five_head_vote_kernel)
     p = plan(
-        B, D, H, W, x.dtype, w1.dtype,
-        interpreted=interpreted, programs=target_programs(device, interpreted, per_sm=3),
+        B,
+        D,
+        H,
+        W,
+        x.dtype,
+        w1.dtype,
+        interpreted=interpreted,
+        programs=target_programs(device, interpreted, per_sm=3),
         precision=precision or default_precision(device, interpreted),
-        block_b=block_b, block_w=block_w, block_d=block_d, num_splits=num_splits,
+        block_b=block_b,
+        block_w=block_w,
+        block_d=block_d,
+        num_splits=num_splits,
     )
     splits, n_bblocks, n_wtiles = p["constexprs"]["N_SPLITS"], p["n_bblocks"], H * p["n_wb"]
     b1c, w2c = b1.contiguous(), w2.contiguous()
@@ -236,13 +292,33 @@ def five_head_vote_triton(
         hpart.fill_(float("nan"))
 
     _five_head_vote_kernel[p["grid"]](
-        x, w1, b1c, w2c, b2c, thrc,
-        logits, votes, decision,
-        hpart, lpart, counters, counters[n_bblocks * n_wtiles:],
-        B, D, W, int(min_votes), p["chunks_per_split"], p["n_wb"],
-        x.stride(0), x.stride(1),
-        w1.stride(0), w1.stride(1), w1.stride(2),
-        b1c.stride(0), w2c.stride(0),
-        **p["constexprs"], **p["options"],
+        x,
+        w1,
+        b1c,
+        w2c,
+        b2c,
+        thrc,
+        logits,
+        votes,
+        decision,
+        hpart,
+        lpart,
+        counters,
+        counters[n_bblocks * n_wtiles :],
+        B,
+        D,
+        W,
+        int(min_votes),
+        p["chunks_per_split"],
+        p["n_wb"],
+        x.stride(0),
+        x.stride(1),
+        w1.stride(0),
+        w1.stride(1),
+        w1.stride(2),
+        b1c.stride(0),
+        w2c.stride(0),
+        **p["constexprs"],
+        **p["options"],
     )
     return logits, votes, decision

@@ -22,7 +22,7 @@ def is_interpreted(jit_fn) -> bool:
     return type(jit_fn).__name__ == "InterpretedFunction"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 

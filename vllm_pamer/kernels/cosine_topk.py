@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from vllm_pamer.kernels._common import MAX_K, check_topk_inputs, triton_available
+from vllm_pamer.kernels._common import check_topk_inputs, triton_available
 
 
 def _exact_topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,7 +132,6 @@ def cosine_topk(
     k: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dispatching entry point: CUDA -> fused Triton kernel, CPU -> torch."""
-    if queries.is_cuda and torch.float64 not in (queries.dtype, matrix.dtype):
-        if triton_available():
-            return cosine_topk_triton(queries, query_sessions, matrix, row_sessions, k)
+    if queries.is_cuda and torch.float64 not in (queries.dtype, matrix.dtype) and triton_available():
+        return cosine_topk_triton(queries, query_sessions, matrix, row_sessions, k)
     return cosine_topk_reference(queries, query_sessions, matrix, row_sessions, k)

@@ -56,4 +56,3 @@ def five_head_vote(
     if x.is_cuda and torch.float64 not in (x.dtype, w1.dtype) and triton_available():
         return five_head_vote_triton(x, w1, b1, w2, b2, thresholds, min_votes)
     return five_head_vote_reference(x, w1, b1, w2, b2, thresholds, min_votes)
-

@@ -179,8 +179,15 @@ async def send_step(
         body["tools"] = plan.tools
     headers = {"X-Session-ID": session_id, "X-Pamer-Policy": policy, "X-Pamer-Echo": "1"}
     record = StepRecord(
-        policy=policy, trajectory_id=plan.trajectory_id, kind=plan.kind, session_id=session_id, step=step.step,
-        message_index=step.message_index, status="ok", latency_s=0.0, needed=len(step.needed),
+        policy=policy,
+        trajectory_id=plan.trajectory_id,
+        kind=plan.kind,
+        session_id=session_id,
+        step=step.step,
+        message_index=step.message_index,
+        status="ok",
+        latency_s=0.0,
+        needed=len(step.needed),
         chars_original=step.chars_original,
     )
     started = time.perf_counter()
@@ -227,7 +234,9 @@ async def replay_policy(
 
     gate = asyncio.Semaphore(max(1, settings.concurrency))
     records: list[StepRecord] = []
-    bar = tqdm(total=sum(len(p.steps) for p in plans), desc=f"replay {policy}", unit="req", disable=not settings.progress)
+    bar = tqdm(
+        total=sum(len(p.steps) for p in plans), desc=f"replay {policy}", unit="req", disable=not settings.progress
+    )
 
     async def run_session(plan: TrajectoryPlan) -> None:
         session_id = f"{policy}-{uuid.uuid4().hex[:12]}"
@@ -239,8 +248,10 @@ async def replay_policy(
     if settings.reset_prefix_cache:
         response = await client.post(f"{settings.url}/reset_prefix_cache")
         if response.status_code != 200:
-            raise RuntimeError(f"prefix cache reset refused ({response.status_code}): start the server "
-                               "with VLLM_SERVER_DEV_MODE=1 or replay without the reset")
+            raise RuntimeError(
+                f"prefix cache reset refused ({response.status_code}): start the server "
+                "with VLLM_SERVER_DEV_MODE=1 or replay without the reset"
+            )
     before = await scrape(client, settings.url)
     stop = asyncio.Event()
     sampler = asyncio.create_task(_peak_kv(client, settings.url, settings.kv_interval_s, stop))

@@ -34,6 +34,7 @@ recency keeps for the same characters, the bar a memory policy must clear.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -258,7 +259,7 @@ def recency_at(points: Sequence[FrontierPoint], chars_share: float) -> float | N
     curve = recency_curve(points)
     if not curve or chars_share < curve[0][0]:
         return None
-    for (x0, y0), (x1, y1) in zip(curve, curve[1:]):
+    for (x0, y0), (x1, y1) in itertools.pairwise(curve):
         if chars_share <= x1:
             return y0 if x1 == x0 else y0 + (y1 - y0) * (chars_share - x0) / (x1 - x0)
     return curve[-1][1]

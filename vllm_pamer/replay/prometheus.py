@@ -50,7 +50,8 @@ def total(samples: Mapping[str, float], name: str, **labels: str) -> float | Non
     """Sum of a metric over its label sets (vLLM labels by model and engine),
     only those with ``labels``; None when no sample matches."""
     values = [
-        v for k, v in samples.items()
+        v
+        for k, v in samples.items()
         if _name(k) == name and all(_labels(k).get(key) == value for key, value in labels.items())
     ]
     return sum(values) if values else None
@@ -61,10 +62,13 @@ def counters(samples: Mapping[str, float]) -> dict[str, float]:
     (summed over labels), and per label set vLLM's prompt tokens by source and
     every ``vllm_pamer_*_total`` sample."""
     out = {name: value for name in VLLM_COUNTERS if (value := total(samples, name)) is not None}
-    out.update({
-        k: v for k, v in samples.items()
-        if _name(k) == BY_SOURCE or (_name(k).startswith(PAMER_PREFIX) and _name(k).endswith("_total"))
-    })
+    out.update(
+        {
+            k: v
+            for k, v in samples.items()
+            if _name(k) == BY_SOURCE or (_name(k).startswith(PAMER_PREFIX) and _name(k).endswith("_total"))
+        }
+    )
     return out
 
 
@@ -92,4 +96,3 @@ def kv_usage(samples: Mapping[str, float]) -> float | None:
     """Highest KV-cache usage over engines (0-1)."""
     values = [v for k, v in samples.items() if _name(k) == KV_USAGE]
     return max(values) if values else None
-

@@ -130,7 +130,9 @@ def merge_runs(runs: Sequence[RunSummary]) -> list[RunSummary]:
     return list(merged.values())
 
 
-def policy_row(records: Sequence[StepRecord], run: RunSummary, baseline: Sequence[StepRecord] | None = None) -> PolicyRow:
+def policy_row(
+    records: Sequence[StepRecord], run: RunSummary, baseline: Sequence[StepRecord] | None = None
+) -> PolicyRow:
     ok = [r for r in records if r.status == "ok"]
     row = PolicyRow(
         policy=run.policy,
@@ -172,7 +174,9 @@ def policy_row(records: Sequence[StepRecord], run: RunSummary, baseline: Sequenc
     row.chars_share = _ratio(sum(r.chars_sent or 0 for r in shared), sum(r.chars_original for r in shared))
 
     details = [r for r in ok if r.cached_tokens is not None and r.usage_prompt_tokens]
-    row.cache_hits = _ratio(sum(r.cached_tokens or 0 for r in details), sum(r.usage_prompt_tokens or 0 for r in details))
+    row.cache_hits = _ratio(
+        sum(r.cached_tokens or 0 for r in details), sum(r.usage_prompt_tokens or 0 for r in details)
+    )
     changed, row.recalls = recall_changes(ok)
     row.recall_changes = _ratio(changed, row.recalls)
 
@@ -301,8 +305,9 @@ def _scatter_policies(axes, points: Sequence[tuple[str, float, float]]) -> None:
     above any line on the axes."""
     markers = "osD^vP*Xh<>p"
     for i, ((policy, x, evidence), style) in enumerate(zip(points, _styles(len(points)))):
-        axes.scatter(x, 100 * evidence, s=40, color=style["color"], marker=markers[i % len(markers)], label=policy,
-                     zorder=3)
+        axes.scatter(
+            x, 100 * evidence, s=40, color=style["color"], marker=markers[i % len(markers)], label=policy, zorder=3
+        )
 
 
 def plot_context_per_turn(records: Sequence[StepRecord], path: str | Path, label: str = "") -> bool:
@@ -322,21 +327,31 @@ def plot_context_per_turn(records: Sequence[StepRecord], path: str | Path, label
     return True
 
 
-def plot_evidence_vs_chars(rows: Sequence[PolicyRow], frontier: Sequence[FrontierPoint], path: str | Path,
-                           label: str = "") -> bool:
+def plot_evidence_vs_chars(
+    rows: Sequence[PolicyRow], frontier: Sequence[FrontierPoint], path: str | Path, label: str = ""
+) -> bool:
     """One point per policy, characters kept (x) against evidence kept (y), over
     the line plain recency draws on the same requests: a policy above the line
     keeps more for its characters than dropping old blocks. False (nothing
     written) without matplotlib, rows or frontier."""
-    points = [(r.policy, r.chars_share, r.evidence_availability) for r in rows
-              if r.chars_share is not None and r.evidence_availability is not None]
+    points = [
+        (r.policy, r.chars_share, r.evidence_availability)
+        for r in rows
+        if r.chars_share is not None and r.evidence_availability is not None
+    ]
     curve = recency_curve(frontier)
     plt = _pyplot()
     if plt is None or not points or not curve:
         return False
     figure, axes = plt.subplots(figsize=(8.5, 4.5))
-    axes.plot([100 * x for x, _ in curve], [100 * y for _, y in curve], "--", color="grey", linewidth=1.2,
-              label=f"recent_k, k = {min(p.k for p in frontier)}..{max(p.k for p in frontier)}")
+    axes.plot(
+        [100 * x for x, _ in curve],
+        [100 * y for _, y in curve],
+        "--",
+        color="grey",
+        linewidth=1.2,
+        label=f"recent_k, k = {min(p.k for p in frontier)}..{max(p.k for p in frontier)}",
+    )
     _scatter_policies(axes, [(policy, 100 * chars, evidence) for policy, chars, evidence in points])
     axes.set_xlabel("chars share (%): characters sent over the full history's")
     axes.set_ylabel("evidence availability (%)")
@@ -349,8 +364,11 @@ def plot_cost_vs_evidence(rows: Sequence[PolicyRow], path: str | Path, label: st
     """One point per policy: prefill the engine computed (x) against the
     evidence the next action needs that is still readable (y), the trade-off a
     token count alone hides. False (nothing written) without the figures."""
-    points = [(r.policy, r.prefill_computed, r.evidence_availability) for r in rows
-              if r.prefill_computed is not None and r.evidence_availability is not None]
+    points = [
+        (r.policy, r.prefill_computed, r.evidence_availability)
+        for r in rows
+        if r.prefill_computed is not None and r.evidence_availability is not None
+    ]
     plt = _pyplot()
     if plt is None or not points:
         return False
@@ -382,16 +400,25 @@ reuse prefix-cache blocks of an earlier one (prefill computed).
 KIND_TITLES = {"tau": "tau-bench", "swe": "mini-swe"}
 
 
-def _plots(out: Path, records: Sequence[StepRecord], rows: Sequence[PolicyRow], frontier: Sequence[FrontierPoint],
-           suffix: str = "", label: str = "") -> list[str]:
+def _plots(
+    out: Path,
+    records: Sequence[StepRecord],
+    rows: Sequence[PolicyRow],
+    frontier: Sequence[FrontierPoint],
+    suffix: str = "",
+    label: str = "",
+) -> list[str]:
     """The plots (``context_per_turn<suffix>.png``, ``cost_vs_evidence<suffix>.png``,
     ``evidence_vs_chars<suffix>.png`` given a frontier); the markdown lines of those written."""
     lines = []
     for stem, title, plotted in (
         ("context_per_turn", "context size per turn", lambda path: plot_context_per_turn(records, path, label)),
         ("cost_vs_evidence", "cost and evidence", lambda path: plot_cost_vs_evidence(rows, path, label)),
-        ("evidence_vs_chars", "evidence against recency",
-         lambda path: plot_evidence_vs_chars(rows, frontier, path, label)),
+        (
+            "evidence_vs_chars",
+            "evidence against recency",
+            lambda path: plot_evidence_vs_chars(rows, frontier, path, label),
+        ),
     ):
         name = f"{stem}{suffix}.png"
         if plotted(out / name):

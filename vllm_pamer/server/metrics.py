@@ -2,19 +2,13 @@
 
 from prometheus_client import Counter
 
-REQUESTS = Counter(
-    "vllm_pamer_requests", "Chat requests seen by the plugin", ["policy", "action"]
-)
+REQUESTS = Counter("vllm_pamer_requests", "Chat requests seen by the plugin", ["policy", "action"])
 CAPTURES = Counter("vllm_pamer_captures", "Prefill states captured and delivered")
-MISSED_CAPTURES = Counter(
-    "vllm_pamer_missed_captures", "Responses whose capture record did not arrive in time"
-)
+MISSED_CAPTURES = Counter("vllm_pamer_missed_captures", "Responses whose capture record did not arrive in time")
 PROMPT_TOKENS_REMOVED = Counter(
     "vllm_pamer_prompt_tokens_removed", "Prompt tokens removed by rewrites (before minus after, when positive)"
 )
-TOKENS_INSERTED = Counter(
-    "vllm_pamer_tokens_inserted", "Tokens of recalled memory text inserted into requests"
-)
+TOKENS_INSERTED = Counter("vllm_pamer_tokens_inserted", "Tokens of recalled memory text inserted into requests")
 
 INTERNAL_PROMPT_TOKENS = Counter(
     "vllm_pamer_internal_prompt_tokens",

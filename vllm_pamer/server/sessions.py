@@ -1,13 +1,15 @@
 """Per-session state kept by the API server (in memory; bounded LRU).
 
 The vote captured at a request's prefill is filed on its session, so that the
-session's next request can act on it (deferred decision, SPEC §2).
+session's next request can act on it (the deferred decision: no request
+waits for an extra forward pass).
 """
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 
 import msgspec
 import numpy as np
@@ -32,7 +34,7 @@ class SessionState(msgspec.Struct):
         self.last_prompt_tokens = record.num_prompt_tokens
         self.last_state = record.hidden
         self.last_vote = (
-            HeadVote(tuple(record.head_logits), int(record.votes), bool(record.decision))
+            HeadVote(tuple(record.head_logits), int(record.votes or 0), bool(record.compress_vote))
             if record.head_logits is not None
             else None
         )
@@ -54,7 +56,7 @@ class SessionState(msgspec.Struct):
 
 
 class SessionRegistry:
-    def __init__(self, max_sessions: int = 100_000, on_evict=None) -> None:
+    def __init__(self, max_sessions: int = 100_000, on_evict: Callable[[str], None] | None = None) -> None:
         """``on_evict(session_id)`` runs when a session leaves the registry
         (least recently used first), e.g. to free its device-resident rows."""
         self.max_sessions = max_sessions

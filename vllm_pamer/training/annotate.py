@@ -380,9 +380,7 @@ def create_annotator(
     try:
         factory = _REGISTRY[name]
     except KeyError:
-        raise UnknownAnnotator(
-            f"unknown annotator {name!r}; available: {', '.join(available_annotators())}"
-        ) from None
+        raise UnknownAnnotator(f"unknown annotator {name!r}; available: {', '.join(available_annotators())}") from None
     return factory(settings or AnnotatorSettings(), count_tokens or tokenizer_counter(), **options)
 
 

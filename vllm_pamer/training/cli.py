@@ -70,22 +70,34 @@ def annotate_main(argv: Sequence[str] | None = None) -> int:
         description="Label the decision points of agent trajectories (recall / compression) as JSON lines.",
     )
     parser.add_argument(
-        "--data", action="append", default=None, metavar="PATH",
+        "--data",
+        action="append",
+        default=None,
+        metavar="PATH",
         help="trajectories (.jsonl or .jsonl.gz); repeatable (default: both shipped samples)",
     )
     parser.add_argument("--limit", type=int, default=None, metavar="N", help="first N trajectories of each file")
     parser.add_argument("--out", required=True, metavar="PATH", help="output JSON lines, one decision point each")
     parser.add_argument("--annotator", default="reference", help="registered annotator (default: reference)")
     parser.add_argument(
-        "--tokens", choices=("model", "chars"), default="model",
+        "--tokens",
+        choices=("model", "chars"),
+        default="model",
         help="token counter: the model's tokenizer (default) or characters // 4",
     )
-    parser.add_argument("--tokenizer", default=None, metavar="PATH", help="tokenizer directory (default: the embedded model)")
+    parser.add_argument(
+        "--tokenizer", default=None, metavar="PATH", help="tokenizer directory (default: the embedded model)"
+    )
     defaults = AnnotatorSettings()
     parser.add_argument("--n-recent", type=int, default=defaults.n_recent, help="recent blocks R_t (default 2)")
-    parser.add_argument("--horizon", type=int, default=defaults.horizon, help="actions compression looks at (default 3)")
     parser.add_argument(
-        "--min-old-tokens", type=int, default=defaults.min_old_tokens, help="compression gate on tokens(O_t) (default 1024)"
+        "--horizon", type=int, default=defaults.horizon, help="actions compression looks at (default 3)"
+    )
+    parser.add_argument(
+        "--min-old-tokens",
+        type=int,
+        default=defaults.min_old_tokens,
+        help="compression gate on tokens(O_t) (default 1024)",
     )
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
@@ -144,38 +156,60 @@ def build_extract_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--labels", required=True, metavar="PATH", help="decision points (vllm-pamer annotate --out)")
     parser.add_argument(
-        "--data", action="append", default=None, metavar="PATH",
+        "--data",
+        action="append",
+        default=None,
+        metavar="PATH",
         help="trajectories (.jsonl or .jsonl.gz); repeatable (default: both shipped samples)",
     )
     parser.add_argument("--out", required=True, metavar="DIR", help="output directory (resumed when it exists)")
     parser.add_argument("--model", default=None, metavar="PATH", help="model directory (default: the embedded model)")
     parser.add_argument("--max-model-len", type=int, default=None, help="engine window (default: the model's)")
-    parser.add_argument("--probe-limit", type=int, default=PROBE_LIMIT, help=f"longest prompt in tokens (default {PROBE_LIMIT})")
     parser.add_argument(
-        "--keep-head", type=int, default=KEEP_HEAD,
+        "--probe-limit", type=int, default=PROBE_LIMIT, help=f"longest prompt in tokens (default {PROBE_LIMIT})"
+    )
+    parser.add_argument(
+        "--keep-head",
+        type=int,
+        default=KEEP_HEAD,
         help=f"tokens a cut prompt keeps from its start, at most half the limit (default {KEEP_HEAD})",
     )
     parser.add_argument("--n-recent", type=int, default=2, help="blocks in R_t, as annotated (default 2)")
-    parser.add_argument("--shard-size", type=int, default=SHARD_SIZE, help=f"decision points per shard (default {SHARD_SIZE})")
-    parser.add_argument("--limit", type=int, default=None, metavar="N", help="first N decision points (after --subsample)")
     parser.add_argument(
-        "--subsample", type=_subsample, default=None, metavar="X",
+        "--shard-size", type=int, default=SHARD_SIZE, help=f"decision points per shard (default {SHARD_SIZE})"
+    )
+    parser.add_argument(
+        "--limit", type=int, default=None, metavar="N", help="first N decision points (after --subsample)"
+    )
+    parser.add_argument(
+        "--subsample",
+        type=_subsample,
+        default=None,
+        metavar="X",
         help="random decision points: a fraction (0 < X < 1) or a count (X >= 1), drawn with --seed",
     )
     parser.add_argument("--seed", type=int, default=0, help="subsampling seed (default 0)")
     parser.add_argument("--dtype", default="auto", help="engine dtype (default: auto, as served)")
     parser.add_argument(
-        "--gpu-memory-utilization", type=float, default=None,
+        "--gpu-memory-utilization",
+        type=float,
+        default=None,
         help="vLLM's; on the CPU backend the share of RAM for the KV cache (default there: 0.2)",
     )
     parser.add_argument("--max-num-batched-tokens", type=int, default=None, help="vLLM's prefill token budget per step")
     parser.add_argument("--max-num-seqs", type=int, default=None, help="vLLM's running requests per step")
     parser.add_argument(
-        "--enforce-eager", action=argparse.BooleanOptionalAction, default=None,
+        "--enforce-eager",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="no CUDA graphs / compilation (default: on for the CPU backend)",
     )
     parser.add_argument(
-        "--layers", nargs="?", const="depths", default=None, metavar="BLOCKS",
+        "--layers",
+        nargs="?",
+        const="depths",
+        default=None,
+        metavar="BLOCKS",
         help="also tap decoder blocks (1-based, e.g. 4,8,15,22; alone: 1/8, 1/4, 1/2, 3/4 of the depth) and the "
         "final norm, last token and prompt mean, for the layerwise report; turns prefix caching off (slower)",
     )
@@ -185,14 +219,20 @@ def build_extract_parser() -> argparse.ArgumentParser:
 
 def extract_main(argv: Sequence[str] | None = None) -> int:
     """``vllm-pamer extract``."""
-    from vllm_pamer.vllm_cpu import prepare_vllm_cpu
+    from vllm_pamer.adapters.launch import prepare_vllm_cpu
 
     prepare_vllm_cpu()
-    from vllm_pamer.engine.layer_taps import blocks_at_depths
+    from vllm_pamer.model_config import model_max_len
     from vllm_pamer.offline_engine import CaptureEngine, CaptureError, check_architecture
     from vllm_pamer.training.extract import (
-        ChatPrompter, ExtractError, extract, join_points, model_max_len, select_points, token_limit,
+        ChatPrompter,
+        ExtractError,
+        extract,
+        join_points,
+        select_points,
+        token_limit,
     )
+    from vllm_pamer.worker.layer_taps import blocks_at_depths
 
     parser = build_extract_parser()
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
@@ -217,10 +257,10 @@ def extract_main(argv: Sequence[str] | None = None) -> int:
     if args.layers:
         from transformers import AutoConfig
 
-        from vllm_pamer.engine.layer_taps import parse_layers
+        from vllm_pamer.worker.layer_taps import parse_layers
 
         config = AutoConfig.from_pretrained(model)
-        num_layers = int(getattr(getattr(config, "text_config", None) or config, "num_hidden_layers"))
+        num_layers = int((getattr(config, "text_config", None) or config).num_hidden_layers)
         try:
             layers = blocks_at_depths(num_layers) if args.layers == "depths" else parse_layers(args.layers)
         except ValueError as exc:
@@ -253,8 +293,14 @@ def extract_main(argv: Sequence[str] | None = None) -> int:
 
     try:
         result = extract(
-            points, args.out, prompter, start_engine,
-            shard_size=args.shard_size, settings=settings, progress=not args.no_progress, layers=layers,
+            points,
+            args.out,
+            prompter,
+            start_engine,
+            shard_size=args.shard_size,
+            settings=settings,
+            progress=not args.no_progress,
+            layers=layers,
         )
     except (ExtractError, CaptureError, StatesError) as exc:
         parser.exit(1, f"vllm-pamer extract: {exc}\n")
@@ -277,13 +323,13 @@ def extract_main(argv: Sequence[str] | None = None) -> int:
 
 def model_fingerprint(model: str | Path | None):
     """Fingerprint of ``model`` (a model directory) or of the embedded default model."""
-    from vllm_pamer.core.heads import ModelFingerprint
+    from vllm_pamer import model_config
 
     if model is None:
         from vllm_pamer.default_model import ensure_default_model
 
         model = ensure_default_model(quiet=True)
-    return ModelFingerprint.from_model_dir(model)
+    return model_config.model_fingerprint(model)
 
 
 def train_main(argv: Sequence[str] | None = None) -> int:
@@ -294,37 +340,61 @@ def train_main(argv: Sequence[str] | None = None) -> int:
         prog="vllm-pamer train",
         description="Train the five PaMER heads on extracted states and compare them with observable controls.",
     )
-    parser.add_argument("--states", required=True, metavar="DIR", help="extracted states (states-XXXXX.safetensors + .jsonl)")
+    parser.add_argument(
+        "--states", required=True, metavar="DIR", help="extracted states (states-XXXXX.safetensors + .jsonl)"
+    )
     parser.add_argument("--out", required=True, metavar="PATH", help="heads file to write (safetensors)")
     parser.add_argument("--report", default=None, metavar="DIR", help="write report.md, results.json and plots here")
     parser.add_argument("--target", choices=TARGETS, default="compression")
-    parser.add_argument("--head", choices=("mlp", "linear"), default="mlp", help="teacher / student / exported head (default mlp)")
     parser.add_argument(
-        "--export", choices=("full", "student"), default="full",
+        "--head", choices=("mlp", "linear"), default="mlp", help="teacher / student / exported head (default mlp)"
+    )
+    parser.add_argument(
+        "--export",
+        choices=("full", "student"),
+        default="full",
         help="export the full-context heads (what the server's captured state is; default) or the Recent2 KD students",
     )
-    parser.add_argument("--model", default=None, metavar="DIR", help="model the heads are for (default: the embedded model)")
-    parser.add_argument("--texts", default=None, metavar="JSONL", help="Recent2 texts {trajectory_id, message_index, text} for the TF-IDF control")
     parser.add_argument(
-        "--trajectories", action="append", default=None, metavar="PATH",
+        "--model", default=None, metavar="DIR", help="model the heads are for (default: the embedded model)"
+    )
+    parser.add_argument(
+        "--texts",
+        default=None,
+        metavar="JSONL",
+        help="Recent2 texts {trajectory_id, message_index, text} for the TF-IDF control",
+    )
+    parser.add_argument(
+        "--trajectories",
+        action="append",
+        default=None,
+        metavar="PATH",
         help="trajectory files (.jsonl[.gz]) to build the Recent2 texts from when --texts is absent; repeatable",
     )
-    parser.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated split seeds; 5 are exported (default 0-4)")
+    parser.add_argument(
+        "--seeds", default="0,1,2,3,4", help="comma-separated split seeds; 5 are exported (default 0-4)"
+    )
     parser.add_argument("--epochs", type=int, default=50)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--weight-decay", type=float, default=0.01)
     parser.add_argument("--distill-weight", type=float, default=0.5)
     parser.add_argument("--min-votes", type=int, default=3)
-    parser.add_argument("--allow-partial", action="store_true", help="train on the complete shards of an unfinished extraction")
     parser.add_argument(
-        "--layer-states", default=None, metavar="DIR",
+        "--allow-partial", action="store_true", help="train on the complete shards of an unfinished extraction"
+    )
+    parser.add_argument(
+        "--layer-states",
+        default=None,
+        metavar="DIR",
         help="also run the depth diagnostic on a `vllm-pamer extract --layers` directory (needs --report)",
     )
     parser.add_argument("--no-standardize", action="store_true", help="train on raw states")
     parser.add_argument("--no-ablations", action="store_true", help="skip the Table 1/2 ablation heads (faster)")
     parser.add_argument(
-        "--threads", type=int, default=1,
+        "--threads",
+        type=int,
+        default=1,
         help="torch CPU threads while training (default 1, the fastest on a shared 2-core machine; 0 = torch's default)",
     )
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
@@ -362,9 +432,18 @@ def train_main(argv: Sequence[str] | None = None) -> int:
             texts.update(recent2_texts(load_trajectories(path)))
 
     config = TrainConfig(
-        target=args.target, head=args.head, export=args.export, seeds=seeds, epochs=args.epochs, lr=args.lr,
-        batch_size=args.batch_size, weight_decay=args.weight_decay, distill_weight=args.distill_weight,
-        standardize=not args.no_standardize, ablations=not args.no_ablations, min_votes=args.min_votes,
+        target=args.target,
+        head=args.head,
+        export=args.export,
+        seeds=seeds,
+        epochs=args.epochs,
+        lr=args.lr,
+        batch_size=args.batch_size,
+        weight_decay=args.weight_decay,
+        distill_weight=args.distill_weight,
+        standardize=not args.no_standardize,
+        ablations=not args.no_ablations,
+        min_votes=args.min_votes,
         threads=args.threads or None,
     )
     result = run_experiment(full, recent2, meta, config, texts=texts)
@@ -379,7 +458,10 @@ def train_main(argv: Sequence[str] | None = None) -> int:
     for key, method in result.methods.items():
         if key in summary:
             s = summary[key]
-            print(f"  {method.label:<48} " + "  ".join(f"{m.upper()} {fmt_estimate(s[m])}" for m in ("auroc", "auprc", "f1")))
+            print(
+                f"  {method.label:<48} "
+                + "  ".join(f"{m.upper()} {fmt_estimate(s[m])}" for m in ("auroc", "auprc", "f1"))
+            )
     for note in result.notes:
         print(f"  note: {note}")
     layerwise = None
@@ -392,13 +474,23 @@ def train_main(argv: Sequence[str] | None = None) -> int:
             sys.exit(f"vllm-pamer train: {exc}")
         with torch_threads(config.threads):
             layerwise = run_layerwise(
-                last, mean, taps, layer_meta, seeds=seeds, epochs=args.epochs,
+                last,
+                mean,
+                taps,
+                layer_meta,
+                seeds=seeds,
+                epochs=args.epochs,
                 num_layers=fingerprint.num_hidden_layers,
             )
         path = write_layerwise_report(layerwise, args.report, inputs={"layer_states": str(args.layer_states)})
         print(f"[train] layerwise report: {path}")
     if args.report:
-        inputs = {"states": str(args.states), "texts": args.texts, "trajectories": args.trajectories, "out": str(args.out)}
+        inputs = {
+            "states": str(args.states),
+            "texts": args.texts,
+            "trajectories": args.trajectories,
+            "out": str(args.out),
+        }
         path = write_report(
             result, args.report, heads_path=args.out, fingerprint=fingerprint, inputs=inputs, layerwise=layerwise
         )

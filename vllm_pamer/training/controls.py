@@ -182,8 +182,11 @@ class TfidfCorpus:
             v = v / np.where(norms > 0, norms, 1.0)[r]
             out.append(
                 torch.sparse_coo_tensor(
-                    torch.from_numpy(np.stack([r, c])), torch.from_numpy(v),
-                    (len(rows_wanted), max(1, keep.size)), dtype=torch.float64, check_invariants=False,
+                    torch.from_numpy(np.stack([r, c])),
+                    torch.from_numpy(v),
+                    (len(rows_wanted), max(1, keep.size)),
+                    dtype=torch.float64,
+                    check_invariants=False,
                 ).coalesce()
             )
         return out

@@ -69,7 +69,7 @@ def shard_complete(out_dir: Path, index: int, keys: Sequence[tuple[str, int]], l
 
         with safe_open(str(tensors_path), framework="numpy") as f:
             names = STATE_NAMES + (LAYER_NAMES if layered else ())
-            return all(name in f.keys() and f.get_slice(name).get_shape()[0] == len(keys) for name in names)
+            return all(name in f.keys() and f.get_slice(name).get_shape()[0] == len(keys) for name in names)  # noqa: SIM118
     except Exception:
         return False
 
@@ -150,7 +150,9 @@ def _read_shards(
             raise StatesError(f"{tensors_path}: missing tensors {absent} (has {sorted(shard)})")
         shapes = {shard[name].shape for name in names}
         if len(shapes) != 1 or len(next(iter(shapes))) != ndim:
-            raise StatesError(f"{tensors_path}: tensors {list(names)} must have one {ndim}-D shape, not {sorted(shapes)}")
+            raise StatesError(
+                f"{tensors_path}: tensors {list(names)} must have one {ndim}-D shape, not {sorted(shapes)}"
+            )
         if next(iter(shapes))[0] != len(rows):
             raise StatesError(f"{tensors_path}: rows do not match {meta_path.name} ({len(rows)} metadata rows)")
         for name in names:

@@ -118,10 +118,7 @@ class ExperimentResult:
             per_seed = [s["methods"][key] for s in self.seeds if key in s["methods"]]
             if not per_seed:
                 continue
-            out[key] = {
-                metric: mean_sd([m["test"][metric] for m in per_seed])
-                for metric in ("auroc", "auprc", "f1")
-            }
+            out[key] = {metric: mean_sd([m["test"][metric] for m in per_seed]) for metric in ("auroc", "auprc", "f1")}
             if "agreement" in per_seed[0]:
                 out[key]["agreement"] = mean_sd([m["agreement"] for m in per_seed])
         return out
@@ -173,7 +170,7 @@ def target_labels(meta: Sequence[Mapping[str, Any]], target: str) -> np.ndarray:
 
 
 def _evaluate(y_val, z_val, y_test, z_test) -> dict[str, Any]:
-    threshold, val_f1 = select_threshold(y_val, z_val)
+    threshold, _val_f1 = select_threshold(y_val, z_val)
     val = binary_metrics(y_val, z_val, threshold)
     test = binary_metrics(y_test, z_test, threshold)
     return {"threshold": threshold, "val": val, "test": test, "test_scores": np.asarray(z_test, dtype=np.float64)}
@@ -248,7 +245,7 @@ def _run_experiment(full, recent2, meta, config: TrainConfig, texts, log) -> Exp
 
     sources = Counter(str(r.get("source", "?")) for r in meta)
     data = {
-        "rows": int(len(labels)),
+        "rows": len(labels),
         "labelled": int(keep.size),
         "positives": int(y.sum()),
         "positive_rate": float(y.mean()),
@@ -274,8 +271,11 @@ def _run_experiment(full, recent2, meta, config: TrainConfig, texts, log) -> Exp
     h = config.head
     other = "linear" if h == "mlp" else "mlp"
     fit_kwargs = dict(
-        epochs=config.epochs, lr=config.lr, batch_size=config.batch_size,
-        weight_decay=config.weight_decay, hidden=config.hidden,
+        epochs=config.epochs,
+        lr=config.lr,
+        batch_size=config.batch_size,
+        weight_decay=config.weight_decay,
+        hidden=config.hidden,
     )
 
     for seed in config.seeds:
@@ -307,7 +307,9 @@ def _run_experiment(full, recent2, meta, config: TrainConfig, texts, log) -> Exp
         x = length_turn
         std = Standardizer.fit(x[train])
         predict = fit_logistic(std(x[train]).double().numpy(), y[train], rho)
-        record["length_turn"] = _evaluate(y[val], predict(std(x[val]).double().numpy()), y[test], predict(std(x[test]).double().numpy()))
+        record["length_turn"] = _evaluate(
+            y[val], predict(std(x[val]).double().numpy()), y[test], predict(std(x[test]).double().numpy())
+        )
         tools = sorted({str(meta[i].get("last_tool") or "<none>") for i in train})
         onehot = tool_one_hot(meta, tools)
         predict = fit_logistic(onehot[train], y[train], rho)
@@ -330,8 +332,16 @@ def _run_experiment(full, recent2, meta, config: TrainConfig, texts, log) -> Exp
 
         def train_head(xs, kind, teacher=None) -> FittedHead:
             head, epoch, loss = fit_head(
-                xs["train"], y_t["train"], xs["val"], y_t["val"], kind=kind, rho=rho, seed=seed,
-                teacher_train=teacher, distill_weight=config.distill_weight, **fit_kwargs,
+                xs["train"],
+                y_t["train"],
+                xs["val"],
+                y_t["val"],
+                kind=kind,
+                rho=rho,
+                seed=seed,
+                teacher_train=teacher,
+                distill_weight=config.distill_weight,
+                **fit_kwargs,
             )
             return FittedHead(head, std_full if xs is xf else std_recent, epoch, loss)
 

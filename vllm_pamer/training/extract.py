@@ -8,7 +8,7 @@ final-norm state at the last prompt token, for two inputs:
   ``n_recent`` (2) most recent blocks; ``decision_contexts`` gives the ranges).
 
 The states come from the vLLM engine (``vllm_pamer.offline_engine``) through
-the same capture path as serving (``vllm_pamer.engine.capture``: the rows
+the same capture path as serving (``vllm_pamer.worker.capture``: the rows
 ``compute_logits`` receives, published on the ZeroMQ channel): no second model
 code path. Each prompt is one request with ``max_tokens=1`` tagged with a
 capture key.
@@ -55,10 +55,10 @@ from typing import Any
 import numpy as np
 
 from vllm_pamer.core.render import render_tools_as_text, template_supports_tools
-from vllm_pamer.engine.layer_taps import tap_names
 from vllm_pamer.offline_engine import CaptureEngine
 from vllm_pamer.training.annotate import AnnotatorSettings, DecisionContext, DecisionPoint, decision_contexts
 from vllm_pamer.training.data import FORMAT, open_run, shard_complete, write_shard
+from vllm_pamer.worker.layer_taps import tap_names
 
 PROBE_LIMIT = 35_000
 """Longest prompt the probe reads (tokens), before the model window applies."""
@@ -75,15 +75,6 @@ class ExtractError(RuntimeError):
 # --------------------------------------------------------------------------------------
 # Token ids
 # --------------------------------------------------------------------------------------
-
-
-def model_max_len(model: str | Path) -> int:
-    """The model's own window (``max_position_embeddings``)."""
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(str(model))
-    config = getattr(config, "text_config", None) or config
-    return int(config.max_position_embeddings)
 
 
 def token_limit(max_model_len: int, probe_limit: int = PROBE_LIMIT) -> int:
@@ -348,9 +339,7 @@ def extract(
     open_run(out_dir, manifest)
     shards = [list(points[i : i + shard_size]) for i in range(0, len(points), shard_size)]
     result = ExtractResult(out_dir=out_dir, points=len(points), shards=len(shards))
-    todo = [
-        i for i, shard in enumerate(shards) if not shard_complete(out_dir, i, [p.key for p in shard], bool(layers))
-    ]
+    todo = [i for i, shard in enumerate(shards) if not shard_complete(out_dir, i, [p.key for p in shard], bool(layers))]
     result.skipped_shards = len(shards) - len(todo)
     if not todo:
         return result

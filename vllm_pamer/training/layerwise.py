@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from vllm_pamer.training.metrics import auprc, auroc, mean_sd
 from vllm_pamer.training.experiment import TARGETS, target_labels
+from vllm_pamer.training.metrics import auprc, auroc, mean_sd
 from vllm_pamer.training.probes import Standardizer, fit_head
 from vllm_pamer.training.report import fmt_estimate
 from vllm_pamer.training.splits import grouped_split, task_id
@@ -115,8 +115,14 @@ def run_layerwise(
                         x = states[pooling][keep, t]
                         std = Standardizer.fit(x[train])
                         head, _, _ = fit_head(
-                            std(x[train]), torch.from_numpy(y[train]), std(x[val]), torch.from_numpy(y[val]),
-                            kind="linear", rho=rho, seed=seed, epochs=epochs,
+                            std(x[train]),
+                            torch.from_numpy(y[train]),
+                            std(x[val]),
+                            torch.from_numpy(y[val]),
+                            kind="linear",
+                            rho=rho,
+                            seed=seed,
+                            epochs=epochs,
                         )
                         with torch.no_grad():
                             z = head(std(x[test])).double().numpy()
@@ -164,7 +170,14 @@ def _plot(result: LayerwiseResult, path: Path) -> bool:
             ax = axes[row][col]
             for pooling, style in zip(POOLINGS, ("-o", "--s")):
                 means, sds = zip(*(result.summary(target, tap, pooling, metric) for tap in result.taps))
-                ax.errorbar(x, means, yerr=sds, fmt=style, capsize=3, label=f"{pooling} token" if pooling == "last" else "mean pooling")
+                ax.errorbar(
+                    x,
+                    means,
+                    yerr=sds,
+                    fmt=style,
+                    capsize=3,
+                    label=f"{pooling} token" if pooling == "last" else "mean pooling",
+                )
             ax.set_xticks(x, labels, fontsize=7)
             ax.set_ylabel("test AUROC" if metric == "auroc" else "logit gap E[z|1] - E[z|0]")
             if metric == "auroc":
@@ -197,7 +210,9 @@ def write_layerwise_report(
         "",
     ]
     for target, data in result.data.items():
-        lines.append(f"- {target}: {data['rows']} labelled points ({data['positives']} positive), {data['tasks']} tasks.")
+        lines.append(
+            f"- {target}: {data['rows']} labelled points ({data['positives']} positive), {data['tasks']} tasks."
+        )
     lines.append("")
     for target in result.cells:
         lines += [
@@ -210,7 +225,9 @@ def write_layerwise_report(
             for pooling in POOLINGS:
                 lines.append(
                     f"| {_tap_label(tap, result.num_layers)} | {pooling} | "
-                    + " | ".join(fmt_estimate(result.summary(target, tap, pooling, m)) for m in ("auroc", "auprc", "gap"))
+                    + " | ".join(
+                        fmt_estimate(result.summary(target, tap, pooling, m)) for m in ("auroc", "auprc", "gap")
+                    )
                     + " |"
                 )
         best = max(result.taps, key=lambda tap: result.summary(target, tap, "last")[0])

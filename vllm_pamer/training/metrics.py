@@ -155,4 +155,4 @@ def sign_flip_p(differences) -> float:
     hits = 0
     for signs in itertools.product((-1.0, 1.0), repeat=d.size):
         hits += abs(float(np.mean(np.asarray(signs) * d))) >= observed - 1e-12
-    return hits / 2 ** d.size
+    return hits / 2**d.size

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 HIDDEN_WIDTH = 256
 
+
 def weighted_bce(z: torch.Tensor, y: torch.Tensor, rho: float) -> torch.Tensor:
     """Class-weighted BCE on logits (eq. 4 / 16), mean over rows:
     ``(rho y + 1 - y) softplus(z) - rho y z`` = ``-[rho y log p + (1-y) log(1-p)]``."""
@@ -66,7 +67,7 @@ class Standardizer:
     scale: np.ndarray
 
     @classmethod
-    def fit(cls, x: np.ndarray) -> "Standardizer":
+    def fit(cls, x: np.ndarray) -> Standardizer:
         x64 = x.astype(np.float64)
         mean = x64.mean(axis=0)
         scale = x64.std(axis=0)
@@ -74,7 +75,7 @@ class Standardizer:
         return cls(mean=mean, scale=scale)
 
     @classmethod
-    def identity(cls, d: int) -> "Standardizer":
+    def identity(cls, d: int) -> Standardizer:
         return cls(mean=np.zeros(d), scale=np.ones(d))
 
     def __call__(self, x: np.ndarray) -> torch.Tensor:

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from vllm_pamer.training.metrics import roc_curve, sign_flip_p
 from vllm_pamer.training.experiment import ExperimentResult
+from vllm_pamer.training.metrics import roc_curve, sign_flip_p
 
 # The PaMER paper's numbers: test means over five question-grouped splits.
 # Keys are our method roles; "head" rows quote the no-hint probes of Table 8
@@ -25,22 +25,64 @@ PAPER: dict[str, dict[str, dict[str, Any]]] = {
     "compression": {
         "length_turn": {"auroc": (0.751, 0.066), "auprc": (0.533, 0.053), "where": "Table 1 / Table 7 (Length + turn)"},
         "last_tool": {"auroc": (0.562, 0.026), "auprc": (0.335, 0.054), "where": "Table 7 (Last tool type)"},
-        "metadata": {"auroc": (0.758, 0.056), "auprc": (0.543, 0.054), "where": "Table 1 / Table 7 (Length + turn + tool type)"},
+        "metadata": {
+            "auroc": (0.758, 0.056),
+            "auprc": (0.543, 0.054),
+            "where": "Table 1 / Table 7 (Length + turn + tool type)",
+        },
         "tfidf": {"auroc": (0.616, 0.027), "auprc": (0.416, 0.072), "where": "Table 7 (Recent2 TF-IDF)"},
-        "full_linear": {"auroc": (0.831, 0.036), "auprc": (0.670, 0.100), "f1": (0.601, None), "where": "Table 1 Hidden (Linear); Table 9 Final RMSNorm, last; F1 Table 8 no-hint linear"},
-        "full_mlp": {"auroc": (0.827, None), "auprc": (0.665, None), "f1": (0.606, None), "where": "Table 1 Hidden (MLP); Table 8 no-hint MLP (faithful-hint teacher: 0.829 / 0.690 / 0.639, Tables 6 and 9)"},
-        "recent2": {"auroc": (0.776, None), "f1": (0.541, None), "where": "Table 2 / Table 11 Recent2 (26.0% of full tokens)"},
-        "recent2_kd": {"auroc": (0.781, None), "f1": (0.598, None), "agreement": (0.819, None), "where": "Table 2 / Table 11 Recent2 + decision KD"},
+        "full_linear": {
+            "auroc": (0.831, 0.036),
+            "auprc": (0.670, 0.100),
+            "f1": (0.601, None),
+            "where": "Table 1 Hidden (Linear); Table 9 Final RMSNorm, last; F1 Table 8 no-hint linear",
+        },
+        "full_mlp": {
+            "auroc": (0.827, None),
+            "auprc": (0.665, None),
+            "f1": (0.606, None),
+            "where": "Table 1 Hidden (MLP); Table 8 no-hint MLP (faithful-hint teacher: 0.829 / 0.690 / 0.639, Tables 6 and 9)",
+        },
+        "recent2": {
+            "auroc": (0.776, None),
+            "f1": (0.541, None),
+            "where": "Table 2 / Table 11 Recent2 (26.0% of full tokens)",
+        },
+        "recent2_kd": {
+            "auroc": (0.781, None),
+            "f1": (0.598, None),
+            "agreement": (0.819, None),
+            "where": "Table 2 / Table 11 Recent2 + decision KD",
+        },
     },
     "recall": {
         "length_turn": {"auroc": (0.552, 0.074), "auprc": (0.336, 0.036), "where": "Table 1 / Table 7 (Length + turn)"},
         "last_tool": {"auroc": (0.527, 0.056), "auprc": (0.315, 0.043), "where": "Table 7 (Last tool type)"},
-        "metadata": {"auroc": (0.549, 0.058), "auprc": (0.361, 0.066), "where": "Table 1 / Table 7 (Length + turn + tool type)"},
+        "metadata": {
+            "auroc": (0.549, 0.058),
+            "auprc": (0.361, 0.066),
+            "where": "Table 1 / Table 7 (Length + turn + tool type)",
+        },
         "tfidf": {"auroc": (0.610, 0.056), "auprc": (0.398, 0.075), "where": "Table 7 (Recent2 TF-IDF)"},
-        "full_linear": {"auroc": (0.765, 0.067), "auprc": (0.584, 0.106), "f1": (0.526, None), "where": "Table 1 Hidden (Linear); Table 9 Final RMSNorm, last; F1 Table 8 no-hint linear"},
-        "full_mlp": {"auroc": (0.763, None), "auprc": (0.592, None), "f1": (0.541, None), "where": "Table 1 Hidden (MLP); Table 8 no-hint MLP (faithful-hint teacher: 0.780 / 0.597 / 0.558, Tables 6 and 9)"},
+        "full_linear": {
+            "auroc": (0.765, 0.067),
+            "auprc": (0.584, 0.106),
+            "f1": (0.526, None),
+            "where": "Table 1 Hidden (Linear); Table 9 Final RMSNorm, last; F1 Table 8 no-hint linear",
+        },
+        "full_mlp": {
+            "auroc": (0.763, None),
+            "auprc": (0.592, None),
+            "f1": (0.541, None),
+            "where": "Table 1 Hidden (MLP); Table 8 no-hint MLP (faithful-hint teacher: 0.780 / 0.597 / 0.558, Tables 6 and 9)",
+        },
         "recent2": {"auroc": (0.761, None), "f1": (0.520, None), "where": "Table 2 / Table 11 Recent2"},
-        "recent2_kd": {"auroc": (0.753, None), "f1": (0.548, None), "agreement": (0.840, None), "where": "Table 2 / Table 11 Recent2 + decision KD"},
+        "recent2_kd": {
+            "auroc": (0.753, None),
+            "f1": (0.548, None),
+            "agreement": (0.840, None),
+            "where": "Table 2 / Table 11 Recent2 + decision KD",
+        },
     },
 }
 
@@ -81,7 +123,10 @@ def _plots(result: ExperimentResult, report_dir: Path) -> list[str]:
         fpr, tpr = roc_curve(seed0["test_labels"], entry["test_scores"])
         family = result.methods[key].family
         ax.plot(
-            fpr, tpr, linestyle="-" if family == "hidden" else "--", linewidth=1.6 if family == "hidden" else 1.2,
+            fpr,
+            tpr,
+            linestyle="-" if family == "hidden" else "--",
+            linewidth=1.6 if family == "hidden" else 1.2,
             label=f"{result.methods[key].label} ({entry['test']['auroc']:.3f})",
         )
     ax.plot([0, 1], [0, 1], color="grey", linewidth=0.8, linestyle=":")
@@ -105,11 +150,20 @@ def _plots(result: ExperimentResult, report_dir: Path) -> list[str]:
     for pos, key in zip(positions, keys):
         ref = paper.get(_paper_key(key) or "", {}).get("auroc")
         if ref is not None:
-            ax.plot(pos, ref[0], marker="D", color="black", markersize=5, linestyle="none",
-                    label=None if marked else "paper (Tables 1/2/7/9)")
+            ax.plot(
+                pos,
+                ref[0],
+                marker="D",
+                color="black",
+                markersize=5,
+                linestyle="none",
+                label=None if marked else "paper (Tables 1/2/7/9)",
+            )
             marked = True
     ax.axhline(0.5, color="grey", linewidth=0.8, linestyle=":")
-    ax.set_xticks(positions, [result.methods[k].label.replace(", ", ",\n", 1) for k in keys], rotation=35, ha="right", fontsize=7)
+    ax.set_xticks(
+        positions, [result.methods[k].label.replace(", ", ",\n", 1) for k in keys], rotation=35, ha="right", fontsize=7
+    )
     ax.set_ylabel("test AUROC")
     ax.set_ylim(0.3, 1.0)
     ax.set_title(f"AUROC by method ({result.config.target})")
@@ -148,10 +202,7 @@ def _verdict_line(result: ExperimentResult, key: str, best_control: str) -> str:
         verdict = f"beats the best control on average but **not on every split** ({c['wins']}/{c['n']})"
     else:
         verdict = f"**does not beat** the best control ({c['wins']}/{c['n']} splits better)"
-    return (
-        f"- {label}: {verdict}; ΔAUROC vs {control} = {c['delta']:+.3f} "
-        f"(sign-flip p = {c['p']:.4f})."
-    )
+    return f"- {label}: {verdict}; ΔAUROC vs {control} = {c['delta']:+.3f} (sign-flip p = {c['p']:.4f})."
 
 
 def write_report(
@@ -217,9 +268,7 @@ def write_report(
         if key not in summary:
             continue
         s = summary[key]
-        per_seed = " ".join(
-            f"{x['methods'][key]['test']['auroc']:.3f}" for x in result.seeds if key in x["methods"]
-        )
+        per_seed = " ".join(f"{x['methods'][key]['test']['auroc']:.3f}" for x in result.seeds if key in x["methods"])
         lines.append(
             f"| {method.label} | {fmt_estimate(s['auroc'])} | {fmt_estimate(s['auprc'])} | {fmt_estimate(s['f1'])} | "
             f"{fmt_estimate(s.get('agreement'))} | {per_seed} |"
@@ -237,13 +286,18 @@ def write_report(
         ]
         for key, method in result.methods.items():
             if key in summary:
-                lines.append(f"| {method.label} | " + " | ".join(fmt_estimate(by_source[key][x]) for x in sources) + " |")
+                lines.append(
+                    f"| {method.label} | " + " | ".join(fmt_estimate(by_source[key][x]) for x in sources) + " |"
+                )
     lines += [
         "",
-        f"Split sizes (rows, train/val/test): "
-        + "; ".join(f"seed {x['seed']}: {x['sizes']['train']}/{x['sizes']['val']}/{x['sizes']['test']} "
-                    f"({x['tasks']['train']}/{x['tasks']['val']}/{x['tasks']['test']} tasks, "
-                    f"test {x['test_positive_rate']:.0%} positive)" for x in result.seeds),
+        "Split sizes (rows, train/val/test): "
+        + "; ".join(
+            f"seed {x['seed']}: {x['sizes']['train']}/{x['sizes']['val']}/{x['sizes']['test']} "
+            f"({x['tasks']['train']}/{x['tasks']['val']}/{x['tasks']['test']} tasks, "
+            f"test {x['test_positive_rate']:.0%} positive)"
+            for x in result.seeds
+        ),
         "",
         "## Beside the paper",
         "",
@@ -329,7 +383,8 @@ def write_report(
             f"- `{heads_path}`: one head per seed ({', '.join(map(str, cfg.seeds))}) from "
             f"**{result.methods[result.export_method].label}** (`--export {cfg.export}`), "
             f"min_votes = {cfg.min_votes}, trained = true, thresholds (logits) "
-            + ", ".join(f"{t:+.3f}" for t in result.thresholds) + "."
+            + ", ".join(f"{t:+.3f}" for t in result.thresholds)
+            + "."
         )
         if fingerprint is not None:
             lines.append(
@@ -382,12 +437,14 @@ def results_json(result: ExperimentResult, inputs: Mapping[str, Any] | None = No
     """Everything but the raw scores, JSON-ready."""
     seeds = []
     for s in result.seeds:
-        seeds.append({
-            **{k: v for k, v in s.items() if k not in ("methods", "test_labels", "test_sources")},
-            "methods": {
-                key: {k: v for k, v in entry.items() if k != "test_scores"} for key, entry in s["methods"].items()
-            },
-        })
+        seeds.append(
+            {
+                **{k: v for k, v in s.items() if k not in ("methods", "test_labels", "test_sources")},
+                "methods": {
+                    key: {k: v for k, v in entry.items() if k != "test_scores"} for key, entry in s["methods"].items()
+                },
+            }
+        )
     return {
         "config": asdict(result.config),
         "inputs": dict(inputs or {}),
@@ -400,6 +457,8 @@ def results_json(result: ExperimentResult, inputs: Mapping[str, Any] | None = No
         "thresholds": result.thresholds,
         "notes": result.notes,
         "seconds": result.seconds,
-        "paper": {k: {m: {x: list(y) if isinstance(y, tuple) else y for x, y in d.items()} for m, d in v.items()}
-                  for k, v in PAPER.items()},
+        "paper": {
+            k: {m: {x: list(y) if isinstance(y, tuple) else y for x, y in d.items()} for m, d in v.items()}
+            for k, v in PAPER.items()
+        },
     }

@@ -1,6 +1,6 @@
 """vLLM's offline ``LLM`` as ``vllm_pamer.offline_engine`` drives it: build it,
 prefill prompts of token ids with one sampled token each, read its window,
-shut it down. Import after ``vllm_pamer.vllm_cpu.prepare_vllm_cpu`` (vLLM
+shut it down. Import after ``vllm_pamer.adapters.launch.prepare_vllm_cpu`` (vLLM
 reads the platform when it is imported)."""
 
 from __future__ import annotations

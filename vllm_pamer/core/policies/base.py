@@ -1,9 +1,9 @@
 """The policy interface: one small ABC, typed configs, and a registry.
 
-A policy sees one request of a session (already split into blocks) and the
-vote captured at that session's previous prefill, and returns the messages to
-send plus the action it took. Policies never touch the engine directly; later
-policies (PaMER) receive their engine services through ``PolicyRequest``.
+A policy sees one request of a session (already split into blocks), the vote
+and state captured at that session's previous prefill, and the server's store
+and engine (``PolicyContext``); it returns the messages to send and the action
+it took. Policies never import the engine: ``core/engine.py`` is the contract.
 """
 
 from __future__ import annotations
@@ -12,16 +12,28 @@ from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
 import msgspec
+import numpy as np
 
 from vllm_pamer.core.blocks import Conversation, Message
+from vllm_pamer.core.engine import EngineServices
+from vllm_pamer.core.store import MemoryStore
 
 
 class HeadVote(msgspec.Struct, frozen=True):
     """What the five heads said about one captured prefill state."""
 
-    logits: tuple[float, ...]
+    head_logits: tuple[float, ...]
     votes: int
-    compress: bool
+    """Heads whose logit passed their threshold."""
+    compress_vote: bool
+    """At least the heads file's ``min_votes`` heads fired (3 of 5)."""
+
+
+class PolicyContext(msgspec.Struct, frozen=True):
+    """The server's handles a policy works with."""
+
+    store: MemoryStore
+    services: EngineServices
 
 
 class PolicyRequest(msgspec.Struct, frozen=True):
@@ -31,9 +43,9 @@ class PolicyRequest(msgspec.Struct, frozen=True):
     conversation: Conversation
     previous_vote: HeadVote | None = None
     """Vote captured at this session's previous request (the pre-action state)."""
-    memory: Any = None
-    """Memory store and engine services, for policies that keep memories."""
-    previous_state: Any = None
+    context: PolicyContext | None = None
+    """Store and engine, for policies that keep memories (None: pure rewrites only)."""
+    previous_state: np.ndarray | None = None
     """The served model's final-norm state captured at this session's previous
     request (float32 vector; None when none was captured)."""
     tools: list[dict] | None = None
@@ -80,12 +92,18 @@ class MemoryPolicy(ABC):
     async def rewrite(self, request: PolicyRequest) -> PolicyDecision:
         """Return the messages to send for this request."""
 
-    async def resolve_tool_call(self, session_id: str, name: str, arguments: str, memory: Any) -> str:
+    def needs_context(self, request: PolicyRequest) -> PolicyContext:
+        """The request's store and engine; a policy that keeps memories calls it."""
+        if request.context is None:
+            raise RuntimeError(f"policy {self.name!r} needs a memory store and engine services")
+        return request.context
+
+    async def resolve_tool_call(self, session_id: str, name: str, arguments: str, context: PolicyContext) -> str:
         """The result of a call to one of this policy's ``extra_tools``, as the
         tool message's content. Errors the model can fix are returned as text."""
         raise NotImplementedError(f"policy {self.name!r} has no tools")
 
-    async def on_vote(self, session_id: str, vote: HeadVote, memory: Any) -> None:
+    async def on_vote(self, session_id: str, vote: HeadVote, context: PolicyContext) -> None:
         """Called when the vote of a session's request arrives (at its prefill,
         before the response ends). Must return quickly; default: nothing."""
 
@@ -113,9 +131,7 @@ def policy_class(name: str) -> type[MemoryPolicy]:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise UnknownPolicy(
-            f"unknown memory policy {name!r}; available: {', '.join(available_policies())}"
-        ) from None
+        raise UnknownPolicy(f"unknown memory policy {name!r}; available: {', '.join(available_policies())}") from None
 
 
 def create_variant(name: str, options: dict[str, Any] | None = None) -> MemoryPolicy:

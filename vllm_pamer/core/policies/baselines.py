@@ -20,6 +20,7 @@ from vllm_pamer.core.policies.base import (
     PolicyRequest,
     register_policy,
 )
+from vllm_pamer.core.view import context_view, flatten
 
 TOOL_ROLES = frozenset({"tool", "function"})
 
@@ -52,13 +53,13 @@ class _LastBlocks(MemoryPolicy):
     """Keep the prefix and the last ``config.k`` blocks, drop the rest.
     Whole blocks only, so every tool call stays next to its results."""
 
+    config: RecentKConfig
+
     async def rewrite(self, request: PolicyRequest) -> PolicyDecision:
-        conversation = request.conversation
-        old, recent = conversation.old_and_recent(self.config.k)
-        if not old:
-            return PolicyDecision(conversation.messages(), "none")
-        kept = list(conversation.prefix) + [m for block in recent for m in block.messages]
-        return PolicyDecision(kept, "rewritten", f"dropped {len(old)} old blocks")
+        view = context_view(request.conversation, retained_blocks=self.config.k)
+        if not view.old:
+            return PolicyDecision(request.conversation.messages(), "none")
+        return PolicyDecision(view.messages(old=False), "rewritten", f"dropped {len(view.old)} old blocks")
 
 
 @register_policy
@@ -114,17 +115,17 @@ class DiscardTool(MemoryPolicy):
 
     async def rewrite(self, request: PolicyRequest) -> PolicyDecision:
         conversation = request.conversation
-        old, recent = conversation.old_and_recent(self.config.window)
-        out: list[Message] = list(conversation.prefix)
+        view = context_view(conversation, retained_blocks=self.config.window)
+        out: list[Message] = list(view.prefix)
         stubbed = 0
-        for block in old:
+        for block in view.old:
             for message in block.messages:
                 chars = _content_chars(message.get("content"))
                 if message.get("role") in TOOL_ROLES and chars:
                     message = {**message, "content": tool_placeholder(chars)}  # never mutate the input
                     stubbed += 1
                 out.append(message)
-        out.extend(m for block in recent for m in block.messages)
+        out.extend(flatten(view.recent))
         if not stubbed:
             return PolicyDecision(conversation.messages(), "none")
         return PolicyDecision(out, "rewritten", f"removed {stubbed} old tool outputs")

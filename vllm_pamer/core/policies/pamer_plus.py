@@ -15,50 +15,59 @@ PaMER request stands.
 from __future__ import annotations
 
 import re
-from collections import OrderedDict
 from collections.abc import Sequence
 
 import msgspec
+from cachetools import LRUCache
 
 from vllm_pamer.core.blocks import Message
-from vllm_pamer.core.memory_store import Memory
-from vllm_pamer.core.policies.base import PolicyDecision, PolicyRequest, register_policy
-from vllm_pamer.core.policies.pamer import (
-    MEMORY_HEADER,
-    Pamer,
-    PamerConfig,
-    PamerContext,
-    serialize_messages,
-    with_retries,
-)
+from vllm_pamer.core.policies.base import PolicyContext, PolicyDecision, PolicyRequest, register_policy
+from vllm_pamer.core.policies.pamer import MAX_TRACKED_SESSIONS, Pamer, PamerConfig
+from vllm_pamer.core.policies.summary import MEMORY_HEADER
+from vllm_pamer.core.retry import with_retries
 from vllm_pamer.core.selection import SelectionResult, StepSelection, validate_selection
+from vllm_pamer.core.store import Memory
+from vllm_pamer.core.text import serialize_messages
+from vllm_pamer.core.view import context_view, flatten
 
-# StepSelection's JSON schema, bounded: a small model under a loose schema can
-# write until max_tokens and leave the JSON unfinished.
-SELECTION_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "summary_ids": {"type": "array", "items": {"type": "integer"}, "maxItems": 3},
-        "raw_steps_needed": {
-            "type": "array", "items": {"type": "string", "pattern": "^[0-9]{1,6}[.][0-9]{1,4}$"}, "maxItems": 8,
+
+def selection_schema(max_summaries: int, max_steps: int) -> dict:
+    """StepSelection's JSON schema, bounded: a small model under a loose
+    schema can write until max_tokens and leave the JSON unfinished."""
+    return {
+        "type": "object",
+        "properties": {
+            "summary_ids": {"type": "array", "items": {"type": "integer"}, "maxItems": max_summaries},
+            "raw_steps_needed": {
+                "type": "array",
+                "items": {"type": "string", "pattern": "^[0-9]{1,6}[.][0-9]{1,4}$"},
+                "maxItems": max_steps,
+            },
         },
-    },
-    "required": ["summary_ids", "raw_steps_needed"],
-    "additionalProperties": False,
-}
+        "required": ["summary_ids", "raw_steps_needed"],
+        "additionalProperties": False,
+    }
+
+
 EVIDENCE_HEADER = "Recalled evidence from archived steps"
 _CITED = re.compile(r"\[step (\d+\.\d+)\]")
 
 
 class PamerPlusConfig(PamerConfig, frozen=True):
     selector_max_tokens: int = 192
+    """Output limit of the selector's JSON answer."""
+    max_selected_steps: int = 8
+    """Raw steps one selection may name."""
     recall_max_tokens: int = 512
+    """Output limit of the recall call that reads the selected steps."""
     call_timeout_s: float = 100.0
+    """Time limit of one selector or recall call."""
     call_attempts: int = 2
-    """Selector and recall calls; a failure injects nothing, so few retries."""
+    """Attempts of one selector or recall call; a failure injects nothing, so few."""
     index_chars: int = 12_000
     """Summary index shown to the selector, cut at its end."""
     cache_per_session: int = 32
+    """Recall results kept per session, by sorted (summary ids, step ids)."""
 
 
 class _Rejected(Exception):
@@ -77,8 +86,10 @@ def selector_prompt(recent: Sequence[Message], memories: Sequence[Memory], index
         {
             "role": "user",
             "content": (
-                "Current steps of the agent:\n" + serialize_messages(recent)[-6000:]
-                + "\n\nArchived memories and their steps:\n" + "\n".join(lines)[:index_chars]
+                "Current steps of the agent:\n"
+                + serialize_messages(recent)[-6000:]
+                + "\n\nArchived memories and their steps:\n"
+                + "\n".join(lines)[:index_chars]
                 + "\n\nAnswer in JSON: summary_ids (memories to open) and raw_steps_needed "
                 '(the fewest steps such as "3.1" whose exact content the next action needs). '
                 "Use empty lists when the summaries suffice."
@@ -94,8 +105,10 @@ def recall_prompt(goal: Sequence[Message], steps: dict[str, list[Message]]) -> l
         {
             "role": "user",
             "content": (
-                "The agent's current situation:\n" + serialize_messages(goal)[-4000:]
-                + "\n\nArchived steps:\n" + source
+                "The agent's current situation:\n"
+                + serialize_messages(goal)[-4000:]
+                + "\n\nArchived steps:\n"
+                + source
                 + "\n\nCopy exactly the facts from these steps that the agent needs now (ids, values, "
                 "paths, results), each followed by its source like [step 3.1]. Write only the facts."
             ),
@@ -107,24 +120,25 @@ def recall_prompt(goal: Sequence[Message], steps: dict[str, list[Message]]) -> l
 class PamerPlus(Pamer):
     name = "pamer_plus"
     config_cls = PamerPlusConfig
+    config: PamerPlusConfig
 
     def __init__(self, config: PamerPlusConfig | None = None) -> None:
         super().__init__(config)
-        self._cache: OrderedDict[str, OrderedDict[tuple, str]] = OrderedDict()
+        self._cache: LRUCache[str, LRUCache[tuple, str]] = LRUCache(MAX_TRACKED_SESSIONS)
 
     async def rewrite(self, request: PolicyRequest) -> PolicyDecision:
         decision = await super().rewrite(request)
         if decision.action != "recalled":
             return decision  # compression, fallbacks and plain requests stand as PaMER made them
-        context: PamerContext = request.memory
+        context = self.needs_context(request)
         session, store = request.session_id, context.store
         try:
             evidence = await self._evidence(request, context)
         except _Rejected as exc:
-            store.log_event(session, "step_selection_rejected", {"reason": str(exc)})
+            await store.log_event(session, "step_selection_rejected", {"reason": str(exc)})
             return _note(decision, f"step evidence rejected: {exc}")
         except Exception as exc:  # a failed selector or recall call: nothing injected
-            store.log_event(session, "step_recall_failure", {"error": f"{type(exc).__name__}: {exc}"})
+            await store.log_event(session, "step_recall_failure", {"error": f"{type(exc).__name__}: {exc}"})
             return _note(decision, f"step recall failed: {type(exc).__name__}")
         if evidence is None:
             return _note(decision, "selector: summaries suffice")
@@ -132,27 +146,29 @@ class PamerPlus(Pamer):
         if len(decision.messages) > at and str(decision.messages[at].get("content", "")).startswith(MEMORY_HEADER):
             at += 1  # right after the recalled summaries
         messages = decision.messages[:at] + [evidence] + decision.messages[at:]
-        if self._over_window(context.services, messages, request.tools):  # the engine would refuse it
+        if self.over_window(context.services, messages, request.tools):  # the engine would refuse it
             return _note(decision, "step evidence left out: it would not fit the window")
         inserted = decision.tokens_inserted + context.services.count_tokens([evidence])
         return msgspec.structs.replace(
             decision, messages=messages, detail=decision.detail + "; step evidence injected", tokens_inserted=inserted
         )
 
-    async def _evidence(self, request: PolicyRequest, context: PamerContext) -> Message | None:
-        cfg: PamerPlusConfig = self.config
+    async def _evidence(self, request: PolicyRequest, context: PolicyContext) -> Message | None:
+        cfg = self.config
         store, services, session = context.store, context.services, request.session_id
-        memories = store.load(session).memories
-        covered = {b for m in memories for b in m.covered_block_ids}
-        live = [b for b in request.conversation.blocks if b.block_id not in covered]
-        recent = [m for b in live[-cfg.retained_blocks:] for m in b.messages]
-
+        memories = (await store.load(session)).memories
+        recent = flatten(context_view(request.conversation, memories, cfg.retained_blocks).recent)
+        schema = selection_schema(cfg.top_k, cfg.max_selected_steps)
         answer = await with_retries(
             lambda: services.complete(
-                selector_prompt(recent, memories, cfg.index_chars), cfg.selector_max_tokens,
-                json_schema=SELECTION_SCHEMA, kind="selector",
+                selector_prompt(recent, memories, cfg.index_chars),
+                cfg.selector_max_tokens,
+                json_schema=schema,
+                kind="selector",
             ),
-            cfg.call_timeout_s, cfg.call_attempts, "selector",
+            cfg.call_timeout_s,
+            cfg.call_attempts,
+            "selector",
         )
         try:
             selection = msgspec.json.decode(answer, type=StepSelection)
@@ -165,18 +181,21 @@ class PamerPlus(Pamer):
             return None
 
         names = [f"{s.memory_id}.{s.detail.step}" for s in result.steps]
-        cache = self._cache.setdefault(session, OrderedDict())
-        self._cache.move_to_end(session)
+        cache = self._cache.get(session)
+        if cache is None:
+            cache = self._cache[session] = LRUCache(cfg.cache_per_session)
         text = cache.get(result.cache_key)
         if text is None:
-            raw = store.raw_blocks(session, [s.detail.block_id for s in result.steps])
+            raw = await store.raw_blocks(session, [s.detail.block_id for s in result.steps])
             if len(raw) != len(result.steps):
                 raise _Rejected("a selected step has no stored raw block")
             steps = {name: raw[s.detail.block_id] for name, s in zip(names, result.steps)}
             goal = list(request.conversation.prefix[-1:]) + recent
             text = await with_retries(
                 lambda: services.complete(recall_prompt(goal, steps), cfg.recall_max_tokens, kind="recall"),
-                cfg.call_timeout_s, cfg.call_attempts, "recall",
+                cfg.call_timeout_s,
+                cfg.call_attempts,
+                "recall",
             )
             foreign = sorted(set(_CITED.findall(text)) - set(names))
             if foreign:
@@ -184,10 +203,6 @@ class PamerPlus(Pamer):
             if not text.strip():
                 raise _Rejected("recall came back empty")
             cache[result.cache_key] = text
-            while len(cache) > cfg.cache_per_session:
-                cache.popitem(last=False)
-            while len(self._cache) > self.max_tracked_sessions:
-                self._cache.popitem(last=False)
         return {"role": "user", "content": f"{EVIDENCE_HEADER} {', '.join(names)}:\n{text.strip()}"}
 
 

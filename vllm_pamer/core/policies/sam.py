@@ -22,22 +22,23 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-import numpy as np
-
 from vllm_pamer.core.blocks import Block, Message
-from vllm_pamer.core.memory_store import Memory, StoreError
 from vllm_pamer.core.policies.base import (
     MemoryPolicy,
     PolicyConfig,
+    PolicyContext,
     PolicyDecision,
     PolicyRequest,
     register_policy,
 )
-from vllm_pamer.core.policies.pamer import PamerContext, cap_head_and_tail, serialize_messages, step_details, with_retries
+from vllm_pamer.core.policies.summary import step_details
+from vllm_pamer.core.retry import with_retries
+from vllm_pamer.core.store import NO_EMBEDDING, Memory, MemoryStore, StoreError
+from vllm_pamer.core.text import cap_head_and_tail, serialize_messages
+from vllm_pamer.core.view import context_view, flatten
 
 MEMORY_TOOL_NAME = "memory"
 CUES_HEADER = "Memory pages"
-NO_EMBEDDING = np.zeros(1, dtype=np.float32)  # SAM selects pages by the agent's intent, not by a score
 EMBEDDER = "sam-page"  # marks pages among a session's memories
 
 
@@ -45,16 +46,23 @@ class SamConfig(PolicyConfig, frozen=True):
     trigger_tokens: int = 0
     """Live-context size that triggers consolidation (0: ``trigger_share`` of the window)."""
     trigger_share: float = 0.5
+    """Share of the served window that triggers consolidation when ``trigger_tokens`` is 0."""
     page_tokens: int = 2048
     """Token budget of one page (a larger block is a page by itself)."""
     retained_blocks: int = 2
     """Most recent blocks never paged."""
     cue_max_tokens: int = 256
+    """Output limit of one page's cue."""
     recall_max_tokens: int = 512
+    """Output limit of one ``memory`` tool answer."""
     page_source_chars: int = 40_000
+    """Characters of raw pages one ``memory`` call reads (shared among its pages)."""
     max_pages_per_call: int = 5
+    """Pages one ``memory`` call may open."""
     call_timeout_s: float = 100.0
+    """Time limit of one cue or recall call."""
     call_attempts: int = 3
+    """Attempts of one cue or recall call."""
 
 
 def memory_tool(max_pages: int) -> dict:
@@ -131,59 +139,56 @@ def paginate(blocks: Sequence[Block], tokens: Sequence[int], budget: int) -> lis
 class Sam(MemoryPolicy):
     name = "sam"
     config_cls = SamConfig
+    config: SamConfig
 
     async def rewrite(self, request: PolicyRequest) -> PolicyDecision:
-        context: PamerContext | None = request.memory
-        if context is None:
-            raise RuntimeError("sam needs a memory store and engine services")
-        cfg: SamConfig = self.config
+        context = self.needs_context(request)
+        cfg = self.config
         store, services, session = context.store, context.services, request.session_id
         original = request.conversation.messages()
         try:
-            pages = self._pages(store, session)
+            pages = await self._pages(store, session)
         except StoreError as exc:
             return PolicyDecision(original, "fallback:storage_failure", str(exc))
-        covered = {b for m in pages for b in m.covered_block_ids}
-        prefix = list(request.conversation.prefix)
-        live = [b for b in request.conversation.blocks if b.block_id not in covered]
-        window = getattr(services, "max_model_len", 8192)
-        trigger = cfg.trigger_tokens or int(cfg.trigger_share * window)
-        candidates = live[: max(0, len(live) - cfg.retained_blocks)]
+        view = context_view(request.conversation, pages, cfg.retained_blocks)
+        trigger = cfg.trigger_tokens or int(cfg.trigger_share * services.max_model_len)
+        candidates, live = list(view.old), list(view.live)
         action, notes = "rewritten", []
-        if candidates and services.count_tokens(prefix + [m for b in live for m in b.messages]) >= trigger:
+        if candidates and services.count_tokens(view.messages()) >= trigger:
             sizes = [services.count_tokens(list(b.messages)) for b in candidates]
             for page in paginate(candidates, sizes, cfg.page_tokens):
                 try:
                     cue = await with_retries(
-                        lambda page=page: services.complete(
-                            cue_prompt([m for b in page for m in b.messages]), cfg.cue_max_tokens, kind="cue"
-                        ),
-                        cfg.call_timeout_s, cfg.call_attempts, "cue",
+                        lambda page=page: services.complete(cue_prompt(flatten(page)), cfg.cue_max_tokens, kind="cue"),
+                        cfg.call_timeout_s,
+                        cfg.call_attempts,
+                        "cue",
                     )
                     if not cue.strip():
                         raise RuntimeError("the cue came back empty")
-                    store.commit_memory(session, cue.strip(), NO_EMBEDDING, EMBEDDER, page, step_details(page))
+                    await store.commit_memory(session, cue.strip(), NO_EMBEDDING, EMBEDDER, page, step_details(page))
                 except Exception as exc:  # pages stored so far stay stored; this request goes out unchanged
-                    store.log_event(session, "page_failure", {"error": f"{type(exc).__name__}: {exc}"})
+                    await store.log_event(session, "page_failure", {"error": f"{type(exc).__name__}: {exc}"})
                     return PolicyDecision(original, "fallback:summary_failure", str(exc))
-            store.log_event(session, "paged", {"blocks": len(candidates)})
+            await store.log_event(session, "paged", {"blocks": len(candidates)})
             action = "compressed"
             notes.append(f"paged {len(candidates)} blocks")
-            pages = self._pages(store, session)
-            live = live[len(candidates):]
+            pages = await self._pages(store, session)
+            live = list(view.recent)
         if not pages:
             return PolicyDecision(original, "none")
         cues = cues_message(pages)
-        messages = prefix + [cues] + [m for b in live for m in b.messages]
+        messages = list(view.prefix) + [cues] + flatten(live)
         notes.append(f"{len(pages)} pages in memory")
         tools = (memory_tool(cfg.max_pages_per_call),)
         return PolicyDecision(messages, action, "; ".join(notes), services.count_tokens([cues]), extra_tools=tools)
 
-    async def resolve_tool_call(self, session_id: str, name: str, arguments: str, memory: PamerContext) -> str:
-        cfg: SamConfig = self.config
+    async def resolve_tool_call(self, session_id: str, name: str, arguments: str, context: PolicyContext) -> str:
+        cfg = self.config
         if name != MEMORY_TOOL_NAME:
             raise NotImplementedError(f"sam has no tool {name!r}")
-        pages = self._pages(memory.store, session_id)
+        store = context.store
+        pages = await self._pages(store, session_id)
         try:
             args = json.loads(arguments or "{}")
             numbers = [int(n) for n in args.get("pages", [])]
@@ -193,25 +198,31 @@ class Sam(MemoryPolicy):
         bad = [n for n in numbers if not 1 <= n <= len(pages)]
         if not numbers or bad or len(numbers) > cfg.max_pages_per_call:
             # the model reads the error as the tool's result and can call again
-            memory.store.log_event(session_id, "memory_tool", {"error": "bad arguments", "arguments": str(arguments)[:200]})
+            await store.log_event(
+                session_id, "memory_tool", {"error": "bad arguments", "arguments": str(arguments)[:200]}
+            )
             return (
                 f'memory error: call memory with {{"pages": [1 to {cfg.max_pages_per_call} page numbers '
                 f'between 1 and {len(pages)}], "goal": "what you need"}}' + (f"; {bad} do not exist" if bad else "")
             )
         chosen = {n: pages[n - 1] for n in dict.fromkeys(numbers)}
-        raw = memory.store.raw_blocks(session_id, [b for m in chosen.values() for b in m.covered_block_ids])
+        raw = await store.raw_blocks(session_id, [b for m in chosen.values() for b in m.covered_block_ids])
         sources = {n: [msg for b in m.covered_block_ids for msg in raw.get(b, [])] for n, m in chosen.items()}
         text = await with_retries(
-            lambda: memory.services.complete(
+            lambda: context.services.complete(
                 recall_prompt(goal or "what these pages established", sources, cfg.page_source_chars),
-                cfg.recall_max_tokens, kind="recall",
+                cfg.recall_max_tokens,
+                kind="recall",
             ),
-            cfg.call_timeout_s, cfg.call_attempts, "memory recall",
+            cfg.call_timeout_s,
+            cfg.call_attempts,
+            "memory recall",
         )
-        memory.store.log_event(session_id, "memory_tool", {"pages": list(chosen), "goal": goal[:200]})
+        await store.log_event(session_id, "memory_tool", {"pages": list(chosen), "goal": goal[:200]})
         return text or "memory: nothing relevant found on those pages"
 
     @staticmethod
-    def _pages(store, session: str) -> list[Memory]:
+    async def _pages(store: MemoryStore, session: str) -> list[Memory]:
         """The session's pages, oldest first (page numbers are positions here)."""
-        return sorted((m for m in store.load(session).memories if m.embedder == EMBEDDER), key=lambda m: m.id)
+        memories = (await store.load(session)).memories
+        return sorted((m for m in memories if m.embedder == EMBEDDER), key=lambda m: m.id)

@@ -17,33 +17,17 @@ covers them was committed; any failure sends the original request.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-import numpy as np
-
-from vllm_pamer.core.blocks import Block, Message
-from vllm_pamer.core.memory_store import Memory, StoreError
-from vllm_pamer.core.policies.base import (
-    MemoryPolicy,
-    PolicyDecision,
-    PolicyRequest,
-    register_policy,
-)
-from vllm_pamer.core.policies.pamer import (
-    PamerContext,
-    SummaryConfig,
-    cap_head_and_tail,
-    memory_message,
-    serialize_messages,
-    step_details,
-    with_retries,
-)
+from vllm_pamer.core.blocks import Block
+from vllm_pamer.core.engine import EngineServices
+from vllm_pamer.core.policies.base import MemoryPolicy, PolicyDecision, PolicyRequest, register_policy
+from vllm_pamer.core.policies.summary import StepFailure, SummaryConfig, memory_message, step_details, write_summary
+from vllm_pamer.core.store import NO_EMBEDDING, Memory, StoreError
+from vllm_pamer.core.text import serialize_messages
+from vllm_pamer.core.view import context_view, flatten
 
 NO_EMBEDDER = "none"
 """Embedder name of these memories: no embedder has it, so PaMER's recall
 (which searches only memories of the current embedder) never searches them."""
-NO_EMBEDDING = np.zeros(1, dtype=np.float32)
-"""These policies never search, so they store a placeholder, not an embedding."""
 
 
 class PeriodicSummaryConfig(SummaryConfig, frozen=True):
@@ -66,68 +50,57 @@ class RollingSummaryConfig(SummaryConfig, frozen=True):
             raise ValueError("trigger_tokens must be >= 1")
 
 
-def _flat(blocks: Sequence[Block]) -> list[Message]:
-    return [m for b in blocks for m in b.messages]
-
-
 class _SummaryPolicy(MemoryPolicy):
     """The shared transaction; subclasses choose when to summarize, what the
     source is, and which memories a request carries."""
 
-    def _due(self, old: list[Block], memories: list[Memory], services) -> bool:
+    config: SummaryConfig
+
+    def _due(self, old: list[Block], memories: list[Memory], services: EngineServices) -> bool:
         raise NotImplementedError
 
     def _source(self, old: list[Block], memories: list[Memory]) -> str:
-        return serialize_messages(_flat(old))
+        return serialize_messages(flatten(old))
 
     def _shown(self, memories: list[Memory]) -> list[Memory]:
         raise NotImplementedError
 
     async def rewrite(self, request: PolicyRequest) -> PolicyDecision:
-        context: PamerContext | None = request.memory
-        if context is None:
-            raise RuntimeError(f"{self.name} needs a memory store and engine services")
-        cfg: SummaryConfig = self.config
+        context = self.needs_context(request)
+        cfg = self.config
         store, services = context.store, context.services
         session = request.session_id
         original = request.conversation.messages()
 
-        def fail(rule: str, exc: Exception) -> PolicyDecision:
-            store.log_event(session, rule, {"policy": self.name, "error": str(exc)})
+        async def fail(rule: str, exc: Exception) -> PolicyDecision:
+            await store.log_event(session, rule, {"policy": self.name, "error": str(exc)})
             return PolicyDecision(original, f"fallback:{rule}", str(exc))
 
         try:
-            memories = store.load(session).memories
+            memories = (await store.load(session)).memories
         except StoreError as exc:
-            return fail("storage_failure", exc)
-        # C_eff: blocks a memory covers are not sent raw again.
-        covered = {block_id for m in memories for block_id in m.covered_block_ids}
-        live = [b for b in request.conversation.blocks if b.block_id not in covered]
-        cut = max(0, len(live) - cfg.retained_blocks)
-        old, recent = live[:cut], live[cut:]
+            return await fail("storage_failure", exc)
+        view = context_view(request.conversation, memories, cfg.retained_blocks)
+        old, live = list(view.old), list(view.live)
 
         action, notes = "recalled", []
         if old and self._due(old, memories, services):
-            source = cap_head_and_tail(self._source(old, memories), cfg.summary_source_chars)
             try:
-                summary = await with_retries(
-                    lambda: services.summarize(source, cfg.summary_max_tokens),
-                    cfg.summary_timeout_s, cfg.summary_attempts, "summary",
-                )
-                if not isinstance(summary, str) or not summary.strip():
-                    raise RuntimeError("the summary came back empty")
-            except Exception as exc:
-                return fail("summary_failure", exc)
+                summary = await write_summary(services, cfg, old, source=self._source(old, memories))
+            except StepFailure as failure:
+                return await fail(failure.rule, failure)
             archived = list({b.block_id: b for b in old}.values())  # a repeated block is stored once
             try:
-                memory_id = store.commit_memory(
-                    session, summary.strip(), NO_EMBEDDING, NO_EMBEDDER, archived, step_details(archived)
+                memory_id = await store.commit_memory(
+                    session, summary, NO_EMBEDDING, NO_EMBEDDER, archived, step_details(archived)
                 )
-                memories = store.load(session).memories
+                memories = (await store.load(session)).memories
             except Exception as exc:  # storage precedes removal: nothing is removed
-                return fail("storage_failure", exc)
-            store.log_event(session, "compressed", {"policy": self.name, "memory_id": memory_id, "blocks": len(old)})
-            live, action = recent, "compressed"
+                return await fail("storage_failure", exc)
+            await store.log_event(
+                session, "compressed", {"policy": self.name, "memory_id": memory_id, "blocks": len(old)}
+            )
+            live, action = list(view.recent), "compressed"
             notes.append(f"archived {len(old)} blocks as memory {memory_id}")
 
         if not memories:  # nothing covered: C_eff is the request itself
@@ -135,7 +108,7 @@ class _SummaryPolicy(MemoryPolicy):
         shown = self._shown(memories)
         inserted = [memory_message(shown)]
         notes.append(f"sent memories {[m.id for m in shown]}")
-        messages = list(request.conversation.prefix) + inserted + _flat(live)
+        messages = list(view.prefix) + inserted + flatten(live)
         return PolicyDecision(messages, action, "; ".join(notes), services.count_tokens(inserted))
 
 
@@ -146,8 +119,9 @@ class PeriodicSummary(_SummaryPolicy):
 
     name = "periodic_summary"
     config_cls = PeriodicSummaryConfig
+    config: PeriodicSummaryConfig
 
-    def _due(self, old: list[Block], memories: list[Memory], services) -> bool:
+    def _due(self, old: list[Block], memories: list[Memory], services: EngineServices) -> bool:
         return len(old) >= self.config.n
 
     def _shown(self, memories: list[Memory]) -> list[Memory]:
@@ -161,9 +135,10 @@ class RollingSummary(_SummaryPolicy):
 
     name = "rolling_summary"
     config_cls = RollingSummaryConfig
+    config: RollingSummaryConfig
 
-    def _due(self, old: list[Block], memories: list[Memory], services) -> bool:
-        return services.count_tokens(_flat(old)) >= self.config.trigger_tokens
+    def _due(self, old: list[Block], memories: list[Memory], services: EngineServices) -> bool:
+        return services.count_tokens(flatten(old)) >= self.config.trigger_tokens
 
     def _source(self, old: list[Block], memories: list[Memory]) -> str:
         steps = super()._source(old, memories)

@@ -1,0 +1,85 @@
+"""Test doubles shared by the policy tests: a deterministic engine that keeps
+the whole engine contract (``core/engine.py``), head votes, a conversation
+builder, and blocking calls into the (async) memory store."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from typing import Any
+
+import numpy as np
+
+from vllm_pamer.core.policies import HeadVote
+from vllm_pamer.core.recall import cosine_top_k
+
+COMPRESS = HeadVote((5.0,) * 5, 5, True)
+KEEP = HeadVote((-5.0,) * 5, 0, False)
+
+
+class FakeEngine:
+    """Bag-of-words embeddings, 4 characters a token, a summary that lists
+    the ``ID..`` words of its source; ``complete`` answers like a SAM cue;
+    the window is unknown (0: PaMER's window guard off) unless set; the
+    request's tools count 50 tokens each."""
+
+    embedder_name = "bag-of-words"
+    max_model_len = 0
+
+    def __init__(self, summary_error=None, embed_error=None, summary_delay=0.0, window: int | None = None):
+        self.summary_error, self.embed_error, self.summary_delay = summary_error, embed_error, summary_delay
+        if window is not None:
+            self.max_model_len = window
+        self.summaries = 0
+
+    def count_tokens(self, messages):
+        return sum(len(str(m.get("content") or "")) + len(str(m.get("tool_calls") or "")) for m in messages) // 4
+
+    def prompt_tokens(self, messages, tools=None):
+        return self.count_tokens(messages) + 50 * len(tools or [])
+
+    async def summarize(self, source, max_tokens):
+        await asyncio.sleep(self.summary_delay)
+        if self.summary_error:
+            raise self.summary_error
+        self.summaries += 1
+        return "SUMMARY " + " ".join(sorted(set(w for w in source.split() if w.startswith("ID"))))
+
+    async def summarize_conversation(self, messages, max_tokens):
+        return None  # "does not fit": the text layout is used
+
+    async def complete(self, messages, max_tokens, json_schema=None, kind="internal"):
+        ids = sorted({w for w in messages[-1]["content"].split() if w.startswith("ID")})
+        return f"{kind}: " + " ".join(ids)
+
+    async def embed(self, text):
+        if self.embed_error:
+            raise self.embed_error
+        vector = np.zeros(64, dtype=np.float32)
+        for word in text.split():
+            vector[int(hashlib.md5(word.encode()).hexdigest(), 16) % 64] += 1
+        return vector
+
+    def top_k(self, session, query, memories, k):
+        return cosine_top_k(query, memories, k)
+
+
+def conversation(n_blocks: int, chars: int = 900) -> list[dict]:
+    """System + task, then ``n_blocks`` blocks: a lookup call and its result ``IDi xxx...``."""
+    messages = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Task: fix ID-task"}]
+    for i in range(n_blocks):
+        call = {"id": f"c{i}", "type": "function", "function": {"name": "lookup", "arguments": f'{{"k": "ID{i}"}}'}}
+        messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        messages.append({"role": "tool", "tool_call_id": f"c{i}", "content": f"ID{i} " + "x" * chars})
+    return messages
+
+
+class blocking:  # noqa: N801 - reads as a function: blocking(store).load("s1")
+    """The store's coroutines called from synchronous test code."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._store, name)
+        return lambda *args, **kwargs: asyncio.run(method(*args, **kwargs))

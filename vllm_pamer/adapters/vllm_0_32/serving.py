@@ -1,0 +1,63 @@
+"""vLLM 0.32, API-server side: the OpenAI protocol classes, request validation,
+internal requests' sampling parameters, and the cancellation wrapper the
+plugin's chat route shares with vLLM's own routes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+from vllm import SamplingParams
+from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest, ChatCompletionToolsParam
+from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+from vllm.entrypoints.serve.utils.api_utils import with_cancellation
+from vllm.exceptions import VLLMClientError
+from vllm.sampling_params import StructuredOutputsParams
+
+REQUEST_ERRORS: tuple[type[Exception], ...] = (ValidationError, VLLMClientError)
+"""What ``validate_chat_request`` raises for a request vLLM would refuse."""
+
+
+def validate_chat_request(body: dict[str, Any]) -> ChatCompletionRequest:
+    """The body as vLLM's own chat route validates it."""
+    return ChatCompletionRequest.model_validate(body)
+
+
+def template_tools(
+    tools: list[ChatCompletionToolsParam] | None, tool_choice: Any, exclude_when_choice_none: bool
+) -> list[dict] | None:
+    """A request's tools as vLLM's renderer passes them to the chat template
+    (``OnlineRenderer``: none when ``tool_choice`` is "none" and the server runs
+    with ``--exclude-tools-when-tool-choice-none``)."""
+    if not tools or (tool_choice == "none" and exclude_when_choice_none):
+        return None
+    return [tool.model_dump() for tool in tools]
+
+
+def internal_sampling_params(
+    max_tokens: int, extra_args: dict[str, Any], json_schema: dict | None = None
+) -> SamplingParams:
+    """Greedy parameters of the plugin's own engine requests; ``json_schema``
+    constrains the answer, with no free whitespace (so a constrained answer
+    cannot pad itself to ``max_tokens``)."""
+    structured = (
+        StructuredOutputsParams(json=json_schema, disable_any_whitespace=True) if json_schema is not None else None
+    )
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, structured_outputs=structured, extra_args=extra_args)
+
+
+def is_error(result: Any) -> bool:
+    """Whether a chat handler's result is vLLM's error response."""
+    return isinstance(result, ErrorResponse)
+
+
+__all__ = [
+    "REQUEST_ERRORS",
+    "ChatCompletionRequest",
+    "ErrorResponse",
+    "internal_sampling_params",
+    "is_error",
+    "template_tools",
+    "validate_chat_request",
+    "with_cancellation",
+]

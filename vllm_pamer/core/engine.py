@@ -1,0 +1,60 @@
+"""The typed engine contract: everything a policy may ask of the serving engine.
+
+The server implements it with the served model (``vllm_pamer/server/services.py``);
+tests implement it with small deterministic stand-ins. Every member is
+required, so a policy never probes for optional ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+from vllm_pamer.core.blocks import Message
+from vllm_pamer.core.store import Memory
+
+
+class EngineServices(Protocol):
+    embedder_name: str
+    """What ``embed`` writes (``core.recall.SERVED_STATE_EMBEDDER`` for the
+    served model's own state); memories record it."""
+    max_model_len: int
+    """The served window in tokens: prompt and answer together."""
+
+    def count_tokens(self, messages: Sequence[Message]) -> int:
+        """Tokens of a span of a conversation (no generation prompt), as the
+        served tokenizer counts them: budgets and gates."""
+        ...
+
+    def prompt_tokens(self, messages: Sequence[Message], tools: list[dict] | None = None) -> int:
+        """Prompt tokens of a whole request of these messages and tools, as the
+        engine counts them: what must fit the window."""
+        ...
+
+    async def summarize(self, source: str, max_tokens: int) -> str:
+        """A summary of ``source`` (text) by the served model."""
+        ...
+
+    async def summarize_conversation(self, messages: Sequence[Message], max_tokens: int) -> str | None:
+        """A summary request made of chat ``messages`` whose last turn is the
+        instruction (its prefix is then a prefix-cache hit); None when they do
+        not fit the window."""
+        ...
+
+    async def complete(
+        self, messages: Sequence[Message], max_tokens: int, json_schema: dict | None = None, kind: str = "internal"
+    ) -> str:
+        """An internal chat request (greedy, thinking off); ``json_schema``
+        constrains the answer."""
+        ...
+
+    async def embed(self, text: str) -> np.ndarray:
+        """A float32 embedding of ``text`` (by ``embedder_name``)."""
+        ...
+
+    def top_k(self, session: str, query: np.ndarray, memories: Sequence[Memory], k: int) -> list[Memory]:
+        """The ``k`` memories of ``session`` (among ``memories``) closest to
+        ``query`` by cosine, best first."""
+        ...

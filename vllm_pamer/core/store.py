@@ -1,0 +1,121 @@
+"""The memory store interface: what a policy may keep per session, and how.
+
+A *memory* is a text (a summary, a cue) with its embedding and the raw blocks
+it covers. The guarantees every backend gives (``vllm_pamer/stores/``):
+
+* a memory and its raw blocks are written in one transaction, and a caller
+  removes blocks from a request only after ``commit_memory`` returned
+  (storage precedes removal, PaMER paper Prop. C.3): a crash leaves the old
+  state or the new one;
+* every read and write names its session: no call sees another session's rows;
+* state that fails validation is discarded and recorded, never repaired
+  (PaMER paper Table 15, corrupt state).
+
+Every method is a coroutine: a backend runs its I/O off the event loop.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from vllm_pamer.core.blocks import Block, Message
+
+NO_EMBEDDING = np.zeros(1, dtype=np.float32)
+"""The embedding of a memory that is never searched by similarity (summary
+baselines, SAM pages); its embedder name keeps recall from searching it."""
+
+
+class StoreError(RuntimeError):
+    """A storage operation failed (the caller falls back, nothing is removed)."""
+
+
+class StepDetail(msgspec.Struct, frozen=True):
+    """Links a memory to one raw block it covers (PaMER+ selects by these)."""
+
+    step: int
+    """Position of the block among the blocks the memory archived."""
+    block_id: str
+    """``core.blocks.block_id`` of the block."""
+    tool_names: tuple[str, ...] = ()
+    """Tools the block's assistant message called."""
+    chars: int = 0
+    """Size of the block's JSON."""
+
+
+class Memory(msgspec.Struct, frozen=True):
+    """One committed memory of a session."""
+
+    id: int
+    session: str
+    summary: str
+    """The text a request may show (a summary, a SAM cue)."""
+    embedding: np.ndarray
+    """float32 vector; a placeholder for memories that are never searched."""
+    embedder: str
+    """Who embedded it; recall searches only memories of the current embedder."""
+    covered_block_ids: tuple[str, ...]
+    """Raw blocks this memory archived (stored with it)."""
+    step_details: tuple[StepDetail, ...]
+    created: float
+    """Unix time of the commit."""
+
+    def public(self) -> dict[str, Any]:
+        """JSON view (no embedding values)."""
+        return {
+            "id": self.id,
+            "summary": self.summary,
+            "embedder": self.embedder,
+            "embedding_dim": int(self.embedding.shape[0]),
+            "covered_block_ids": list(self.covered_block_ids),
+            "step_details": msgspec.to_builtins(self.step_details),
+            "created": self.created,
+        }
+
+
+class LoadResult(msgspec.Struct):
+    memories: list[Memory]
+    """Valid memories of the session, oldest first."""
+    discarded: int = 0
+    """Rows that failed validation and were discarded (corrupt state)."""
+
+
+class MemoryStore(ABC):
+    """Per-session memories, their raw blocks and an event log."""
+
+    @abstractmethod
+    async def load(self, session: str) -> LoadResult:
+        """All valid memories of ``session``; invalid rows are discarded."""
+
+    @abstractmethod
+    async def commit_memory(
+        self,
+        session: str,
+        summary: str,
+        embedding: np.ndarray,
+        embedder: str,
+        blocks: Sequence[Block],
+        step_details: Sequence[StepDetail],
+    ) -> int:
+        """Store a memory and the raw blocks it covers atomically; its id.
+        Raises StoreError (nothing stored) on failure."""
+
+    @abstractmethod
+    async def raw_blocks(self, session: str, block_ids: Sequence[str]) -> dict[str, list[Message]]:
+        """The stored messages of these blocks of ``session`` (missing ids absent)."""
+
+    @abstractmethod
+    async def log_event(self, session: str | None, kind: str, detail: dict[str, Any] | None = None) -> None:
+        """Record a decision; a failing event log never fails the request."""
+
+    @abstractmethod
+    async def events(self, session: str, limit: int = 100) -> list[dict[str, Any]]:
+        """The session's last ``limit`` events, oldest first."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the backend's resources."""

@@ -1,1 +1,0 @@
-"""Engine glue (worker side): capture, heads evaluation, vLLM adapter."""

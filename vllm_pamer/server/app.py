@@ -1,0 +1,38 @@
+"""The ``vllm.endpoint_plugins`` entry: the plugin's routes and its state on
+``app.state.pamer``."""
+
+from __future__ import annotations
+
+import logging
+from argparse import Namespace
+from typing import Any
+
+from fastapi import FastAPI
+
+from vllm_pamer.server.routes import router
+from vllm_pamer.server.state import ServerState
+from vllm_pamer.settings import Settings
+
+logger = logging.getLogger("vllm_pamer.server")
+
+
+class PamerEndpointPlugin:
+    name = "pamer_endpoint"
+    required_tasks = ("generate",)
+
+    def attach_router(self, app: FastAPI) -> None:
+        app.include_router(router)
+
+    async def init_state(self, engine_client: Any, state: Any, args: Namespace) -> None:
+        if engine_client is None:
+            raise RuntimeError("vllm-pamer needs an engine (the render-only server is not supported)")
+        server = ServerState(Settings.from_env(), engine_client, args)
+        server.inbox.start()
+        state.pamer = server
+        logger.info(
+            "vllm-pamer ready: policy=%s heads=%s channel=%s tools_as_text=%s",
+            server.default_policy.name,
+            server.settings.heads,
+            server.inbox.address,
+            server.tools_as_text,
+        )

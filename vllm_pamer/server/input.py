@@ -1,0 +1,137 @@
+"""Input processing of the plugin's chat route: the client's request, checked
+as vLLM would check it before any memory operation (a refused request starts
+no compression and creates no session), and the request handed to vLLM after
+the rewrite."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request
+
+from vllm_pamer.adapters.serving import REQUEST_ERRORS, ChatCompletionRequest, template_tools, validate_chat_request
+from vllm_pamer.channel import CAPTURE_KEY, SESSION_KEY
+from vllm_pamer.core.blocks import MalformedRequest, Message, check_message_shape
+from vllm_pamer.core.pipeline import RewriteOutcome
+from vllm_pamer.core.policies import MemoryPolicy, UnknownPolicy
+from vllm_pamer.server.output import PamerReport
+from vllm_pamer.server.state import ServerState
+from vllm_pamer.server.tool_rounds import offered_tools
+
+SESSION_HEADER = "x-session-id"
+POLICY_HEADER = "x-pamer-policy"
+ECHO_HEADER = "x-pamer-echo"
+
+
+class InputError(Exception):
+    """A request the plugin refuses with an OpenAI-style error."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.message, self.status = message, status
+
+
+@dataclass
+class ChatInput:
+    """One client request, checked."""
+
+    body: dict[str, Any]
+    """The body without the plugin's own fields (``pamer_policy``, ``pamer_echo``)."""
+    messages: list[Message]
+    session_id: str | None
+    policy: MemoryPolicy
+    echo: bool
+    template_kwargs: dict[str, Any] | None
+    tools_in: list[dict] | None
+    """The received request's tools as the template renders them."""
+    prompt_tokens_in: int | None
+    """Prompt tokens as received (messages and the tools the template renders)."""
+    xargs: dict[str, Any] = field(default_factory=dict)
+    """The client's own ``vllm_xargs``."""
+    exclude_tools: bool = False
+    """The server runs with ``--exclude-tools-when-tool-choice-none``."""
+    own_tools: list[dict] = field(default_factory=list)
+    """The policy's own tools offered on this request (set by ``outgoing``)."""
+
+
+async def read_body(raw_request: Request) -> dict[str, Any]:
+    try:
+        body = json.loads(await raw_request.body())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise InputError("request body must be a JSON object")
+    return body
+
+
+async def read_chat(body: dict[str, Any], raw_request: Request, state: ServerState) -> ChatInput:
+    """The client's request checked; its prompt tokens counted off the event
+    loop (the policy's window guard needs no count of its own while it fits)."""
+    try:
+        messages = check_message_shape(body.get("messages"))
+    except MalformedRequest as exc:
+        raise InputError(str(exc)) from None
+    session_id = raw_request.headers.get(SESSION_HEADER) or body.get("session_id")
+    if session_id is not None and not isinstance(session_id, str):
+        raise InputError("session_id must be a string")
+    policy_name = raw_request.headers.get(POLICY_HEADER) or body.pop("pamer_policy", None)
+    echo = raw_request.headers.get(ECHO_HEADER, "") in ("1", "true") or bool(body.pop("pamer_echo", False))
+    xargs = body.get("vllm_xargs") or {}
+    if not isinstance(xargs, dict):
+        raise InputError("vllm_xargs must be an object")
+    try:
+        policy = state.policy(policy_name) if policy_name else state.default_policy
+    except (UnknownPolicy, ValueError) as exc:
+        raise InputError(str(exc)) from None
+    try:
+        received = validate_chat_request(body)
+    except REQUEST_ERRORS as exc:
+        raise InputError(f"invalid chat completion request: {exc}") from None
+    exclude_tools = bool(getattr(state.args, "exclude_tools_when_tool_choice_none", False))
+    tools_in = template_tools(received.tools, received.tool_choice, exclude_tools)
+    prompt_tokens_in = await asyncio.to_thread(
+        state.prompt_tokens, state.render(messages), received.chat_template_kwargs, tools_in
+    )
+    return ChatInput(
+        body,
+        messages,
+        session_id,
+        policy,
+        echo,
+        received.chat_template_kwargs,
+        tools_in,
+        prompt_tokens_in,
+        dict(xargs),
+        exclude_tools,
+    )
+
+
+def outgoing(
+    chat: ChatInput, outcome: RewriteOutcome, state: ServerState, report: PamerReport
+) -> tuple[ChatCompletionRequest, str]:
+    """The request vLLM serves: the rewritten messages rendered for the
+    template, the policy's own tools where they can be answered, and a capture
+    key in ``vllm_xargs``. Returns it and the capture key."""
+    body = chat.body
+    client_tools = body.get("tools") or []
+    auto_tools = bool(getattr(state.args, "enable_auto_tool_choice", False))
+    chat.own_tools = offered_tools(outcome.extra_tools, body, client_tools, report, auto_tools)
+    if chat.own_tools:
+        body["tools"] = list(client_tools) + chat.own_tools
+    capture_key = uuid.uuid4().hex
+    body["vllm_xargs"] = {**chat.xargs, CAPTURE_KEY: capture_key, SESSION_KEY: chat.session_id or ""}
+    body["messages"] = state.render(outcome.messages)
+    try:
+        return validate_chat_request(body), capture_key
+    except REQUEST_ERRORS as exc:
+        raise InputError(f"invalid chat completion request: {exc}") from None
+
+
+def tools_out(request: ChatCompletionRequest, chat: ChatInput) -> list[dict] | None:
+    """The sent request's tools (the policy's own after the client's) as the
+    template renders them."""
+    return template_tools(request.tools, request.tool_choice, chat.exclude_tools)

@@ -1,0 +1,103 @@
+"""Output processing of the plugin's chat route: the ``pamer`` report on every
+response (a last streamed chunk carries it), and OpenAI-style errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import msgspec
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from vllm_pamer.channel import CaptureRecord
+from vllm_pamer.server import metrics
+from vllm_pamer.server.sessions import SessionState
+
+
+def error_response(status: int, message: str, err_type: str = "BadRequestError") -> JSONResponse:
+    return JSONResponse(
+        status_code=status,
+        content={"error": {"message": message, "type": err_type, "param": None, "code": status}},
+    )
+
+
+class PamerReport(msgspec.Struct):
+    """The ``pamer`` object of every chat completion response."""
+
+    session_id: str | None
+    policy: str
+    action: str
+    captured: bool = False
+    head_logits: list[float] | None = None
+    votes: int | None = None
+    compress_vote: bool | None = None
+    prompt_tokens_in: int | None = None
+    prompt_tokens_out: int | None = None
+    detail: str = ""
+    recalled: list[int] | None = None
+    """Ids of the memories shown, in order (None: this request recalled nothing)."""
+    messages_sent: list[dict] | None = None
+    """The rewritten messages, only when asked for (``X-Pamer-Echo: 1`` or
+    ``"pamer_echo": true``): what the policy sent, before tools-as-text rendering."""
+
+    def note(self, text: str) -> None:
+        self.detail = f"{self.detail}; {text}" if self.detail else text
+
+    def add_capture(self, record: CaptureRecord | None) -> None:
+        self.captured = record is not None
+        if record is not None:
+            self.head_logits = record.head_logits
+            self.votes = record.votes
+            self.compress_vote = record.compress_vote
+            if record.heads_error:
+                self.note(f"heads: {record.heads_error}")
+
+
+async def finish_report(
+    report: PamerReport,
+    capture_task: asyncio.Task[CaptureRecord | None],
+    wait_s: float,
+    session: SessionState | None,
+    echo: bool,
+) -> dict[str, Any]:
+    """The report once the request's capture arrived (or ``wait_s`` passed)."""
+    try:
+        record = await asyncio.wait_for(asyncio.shield(capture_task), wait_s)
+    except asyncio.TimeoutError:
+        capture_task.cancel()
+        record = None
+    report.add_capture(record)
+    (metrics.CAPTURES if record is not None else metrics.MISSED_CAPTURES).inc()
+    if session is not None:
+        session.requests += 1
+        session.last_action = report.action
+    reported = msgspec.to_builtins(report)
+    if not echo:
+        reported.pop("messages_sent")
+    return reported
+
+
+async def with_report(result: Any, report: Callable[[], Awaitable[dict[str, Any]]]) -> JSONResponse | StreamingResponse:
+    """vLLM's answer with the report: in the body, or as a last streamed chunk
+    (empty ``choices``) before ``[DONE]``. ``report()`` makes it, once."""
+    if not hasattr(result, "__aiter__"):
+        content = result.model_dump()
+        content["pamer"] = await report()
+        return JSONResponse(content=content)
+
+    async def stream() -> AsyncIterator[str]:
+        last_id = None
+        async for chunk in result:
+            if chunk.startswith("data: [DONE]"):
+                final = {"id": last_id, "object": "chat.completion.chunk", "choices": [], "pamer": await report()}
+                yield f"data: {json.dumps(final)}\n\n"
+            elif last_id is None and chunk.startswith("data: {"):
+                try:
+                    last_id = json.loads(chunk[6:]).get("id")
+                except json.JSONDecodeError:
+                    pass
+            yield chunk
+
+    return StreamingResponse(stream(), media_type="text/event-stream")

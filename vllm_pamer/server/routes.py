@@ -1,0 +1,125 @@
+"""The routes the plugin adds to vLLM's API server.
+
+``POST /v1/chat/completions`` (replacing vLLM's own), per request:
+1. input (``input.py``): parse and check the body as vLLM would (HTTP 400
+   before any memory operation), find the session and the policy, count the
+   prompt;
+2. rewrite (``core/pipeline.py``: any failure sends the original messages);
+3. hand vLLM's own chat handler the rewritten request, tagged with a capture
+   key; answer the policy's own tool calls (``tool_rounds.py``);
+4. output (``output.py``): the ``pamer`` report on the response.
+
+``GET /pamer/sessions/{id}``: a session's state, memories and event log (read-only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from vllm_pamer.adapters.serving import is_error, with_cancellation
+from vllm_pamer.core.pipeline import rewrite_request
+from vllm_pamer.server import metrics
+from vllm_pamer.server.input import InputError, outgoing, read_body, read_chat, tools_out
+from vllm_pamer.server.output import PamerReport, error_response, finish_report, with_report
+from vllm_pamer.server.state import ServerState
+from vllm_pamer.server.tool_rounds import resolve_own_tool_calls
+
+REWRITING_ACTIONS = ("rewritten", "compressed", "recalled")
+
+router = APIRouter()
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(raw_request: Request) -> Response:
+    try:
+        body = await read_body(raw_request)
+    except InputError as exc:
+        return error_response(exc.status, exc.message)
+    return await _serve_chat(body, raw_request=raw_request)
+
+
+@with_cancellation
+async def _serve_chat(body: dict[str, Any], raw_request: Request) -> Response:
+    state: ServerState = raw_request.app.state.pamer
+    try:
+        chat = await read_chat(body, raw_request, state)
+    except InputError as exc:
+        return error_response(exc.status, exc.message)
+    session = state.sessions.touch(chat.session_id) if chat.session_id else None
+    outcome = await rewrite_request(
+        chat.messages,
+        chat.session_id,
+        chat.policy,
+        session.last_vote if session else None,
+        state.context,
+        session.state() if session else None,
+        chat.tools_in,
+        chat.prompt_tokens_in,
+    )
+    report = PamerReport(
+        session_id=chat.session_id,
+        policy=chat.policy.name,
+        action=outcome.action,
+        detail=outcome.detail,
+        recalled=list(outcome.recalled) if outcome.recalled is not None else None,
+        messages_sent=outcome.messages if chat.echo else None,
+        prompt_tokens_in=chat.prompt_tokens_in,
+    )
+    metrics.REQUESTS.labels(chat.policy.name, metrics.action_label(outcome.action)).inc()
+    metrics.TOKENS_INSERTED.inc(outcome.tokens_inserted)
+    try:
+        request, capture_key = outgoing(chat, outcome, state, report)
+    except InputError as exc:
+        return error_response(exc.status, exc.message)
+    rewritten = outcome.action in REWRITING_ACTIONS
+    if rewritten or chat.own_tools:
+        report.prompt_tokens_out = await asyncio.to_thread(
+            state.prompt_tokens, chat.body["messages"], chat.template_kwargs, tools_out(request, chat)
+        )
+    else:
+        report.prompt_tokens_out = chat.prompt_tokens_in
+    if rewritten and report.prompt_tokens_in and report.prompt_tokens_out:
+        metrics.PROMPT_TOKENS_REMOVED.inc(max(0, report.prompt_tokens_in - report.prompt_tokens_out))
+
+    handler = raw_request.app.state.openai_serving_chat
+    if handler is None:
+        return error_response(501, "the served model does not support chat completions", "NotImplementedError")
+    # The capture arrives when the prompt prefill completes, long before the
+    # response ends: file the vote on the session right then.
+    capture_task = asyncio.create_task(state.on_capture(capture_key, session, chat.policy))
+    try:
+        result = await handler.create_chat_completion(request, raw_request)
+    except BaseException:
+        capture_task.cancel()
+        raise
+    if chat.own_tools and not is_error(result):
+        names = {tool["function"]["name"] for tool in chat.own_tools}
+        result, rounds = await resolve_own_tool_calls(
+            state, chat.policy, chat.session_id, chat.body, outcome.messages, result, raw_request, names, chat.xargs
+        )
+        if rounds:
+            report.note(f"resolved {rounds} {'/'.join(sorted(names))} tool round(s)")
+    if is_error(result):
+        capture_task.cancel()
+        state.inbox.forget(capture_key)
+        return JSONResponse(content=result.model_dump(), status_code=result.error.code)
+    return await with_report(
+        result, lambda: finish_report(report, capture_task, state.settings.capture_wait_s, session, chat.echo)
+    )
+
+
+@router.get("/pamer/sessions/{session_id}")
+async def session_info(session_id: str, raw_request: Request) -> Response:
+    state: ServerState = raw_request.app.state.pamer
+    session = state.sessions.get(session_id)
+    loaded = await state.store.load(session_id)
+    if session is None and not loaded.memories:
+        return error_response(404, f"no session {session_id!r}", "NotFoundError")
+    content = session.summary() if session is not None else {"session_id": session_id}
+    content["memories"] = [m.public() for m in loaded.memories]
+    content["events"] = await state.store.events(session_id)
+    return JSONResponse(content=content)

@@ -1,0 +1,135 @@
+"""The engine contract (``core/engine.py``) served by the running vLLM engine:
+
+* ``summarize`` - an internal chat request (temperature 0, thinking off where
+  the template has the switch) whose source is trimmed from the middle until
+  the prompt fits the model window; ``summarize_conversation`` - the same for
+  chat messages rendered as the server renders an agent's request (so their
+  prefix can come from the prefix cache);
+* ``embed`` - the served model's own final-norm state at the last token of the
+  text: a one-token internal request tagged with a capture key, its state
+  read from the capture channel (no second model);
+* ``count_tokens`` / ``prompt_tokens`` - the served tokenizer (``core/tokens.py``);
+* ``top_k`` - the memory matrix (``memory_index.py``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from vllm_pamer.adapters.serving import internal_sampling_params
+from vllm_pamer.channel import CAPTURE_KEY, SESSION_KEY, CaptureInbox
+from vllm_pamer.core.blocks import Message
+from vllm_pamer.core.policies.summary import summary_prompt
+from vllm_pamer.core.recall import SERVED_STATE_EMBEDDER
+from vllm_pamer.core.store import Memory
+from vllm_pamer.core.text import cap_head_and_tail
+from vllm_pamer.core.tokens import TokenCounter
+from vllm_pamer.embedders import Embedder
+from vllm_pamer.server import metrics
+from vllm_pamer.server.memory_index import MemoryIndex
+
+
+class VllmEngineServices:
+    def __init__(
+        self,
+        engine_client: Any,
+        counter: TokenCounter,
+        inbox: CaptureInbox,
+        max_model_len: int,
+        capture_wait_s: float,
+        embedder: Embedder | None = None,
+    ) -> None:
+        """``embedder``: used instead of the served model's state (None: the
+        served model). ``capture_wait_s``: how long an embedding waits for its
+        capture record (the settings' ``capture_wait_s``)."""
+        self.engine_client = engine_client
+        self.counter = counter
+        self.inbox = inbox
+        self.max_model_len = max_model_len
+        self.capture_wait_s = capture_wait_s
+        self.embedder = embedder
+        self.embedder_name = embedder.name if embedder is not None else SERVED_STATE_EMBEDDER
+        self.index = MemoryIndex()
+
+    # -- token counts ------------------------------------------------------------
+    def count_tokens(self, messages: Sequence[Message]) -> int:
+        return self.counter.span(messages)
+
+    def prompt_tokens(self, messages: Sequence[Message], tools: list[dict] | None = None) -> int:
+        try:
+            return self.counter.request(messages, tools)
+        except Exception:  # a template that refuses these tools or messages: the span is the best bound
+            return self.counter.span(messages)
+
+    # -- internal requests ---------------------------------------------------------
+    async def _run(self, prompt_ids: list[int], params: Any, kind: str) -> str:
+        request_id = f"pamer-{kind}-{uuid.uuid4().hex}"
+        text, generated = "", 0
+        async for output in self.engine_client.generate({"prompt_token_ids": prompt_ids}, params, request_id):
+            if output.outputs:
+                text = output.outputs[0].text
+                generated = len(output.outputs[0].token_ids)
+        # the plugin's own tokens count in a policy's total (PaMER paper eq. 45)
+        metrics.INTERNAL_PROMPT_TOKENS.labels(kind).inc(len(prompt_ids))
+        metrics.INTERNAL_COMPLETION_TOKENS.labels(kind).inc(generated)
+        return text
+
+    def _answer_budget(self, max_tokens: int) -> tuple[int, int]:
+        """(answer tokens, prompt tokens that fit beside them): an internal
+        answer takes at most a quarter of the window."""
+        max_tokens = min(max_tokens, self.max_model_len // 4)
+        return max_tokens, self.max_model_len - max_tokens - 8
+
+    async def _generate(self, ids: list[int], max_tokens: int, kind: str, json_schema: dict | None = None) -> str:
+        params = internal_sampling_params(max_tokens, {SESSION_KEY: ""}, json_schema)
+        return (await self._run(ids, params, kind)).strip()
+
+    async def summarize(self, source: str, max_tokens: int) -> str:
+        max_tokens, budget = self._answer_budget(max_tokens)
+        # enable_thinking: the paper writes summaries with thinking off; templates
+        # without the switch ignore it.
+        ids = self.counter.ids(summary_prompt(source), enable_thinking=False)
+        for _ in range(4):  # shrink from the middle until it fits
+            if len(ids) <= budget:
+                break
+            source = cap_head_and_tail(source, int(len(source) * budget / len(ids) * 0.9))
+            ids = self.counter.ids(summary_prompt(source), enable_thinking=False)
+        else:
+            raise RuntimeError(f"summary prompt of {len(ids)} tokens does not fit {budget}")
+        return await self._generate(ids, max_tokens, "summary")
+
+    async def summarize_conversation(self, messages: Sequence[Message], max_tokens: int) -> str | None:
+        max_tokens, budget = self._answer_budget(max_tokens)
+        ids = self.counter.ids(self.counter.render(list(messages)), enable_thinking=False)
+        if len(ids) > budget:
+            return None
+        return await self._generate(ids, max_tokens, "summary")
+
+    async def complete(
+        self, messages: Sequence[Message], max_tokens: int, json_schema: dict | None = None, kind: str = "internal"
+    ) -> str:
+        max_tokens, budget = self._answer_budget(max_tokens)
+        ids = self.counter.ids(messages, enable_thinking=False)
+        if len(ids) > budget:
+            raise RuntimeError(f"{kind} prompt of {len(ids)} tokens does not fit the window")
+        return await self._generate(ids, max_tokens, kind, json_schema)
+
+    def top_k(self, session: str, query: np.ndarray, memories: Sequence[Memory], k: int) -> list[Memory]:
+        return self.index.top_k(session, query, memories, k)
+
+    async def embed(self, text: str) -> np.ndarray:
+        if self.embedder is not None:
+            return await self.embedder.embed(text)
+        tokenizer = self.counter.tokenizer
+        ids = tokenizer.encode(text, add_special_tokens=False)[-(self.max_model_len - 2) :] or [0]
+        key = uuid.uuid4().hex
+        params = internal_sampling_params(1, {CAPTURE_KEY: key, SESSION_KEY: ""})
+        await self._run(ids, params, "embed")
+        record = await self.inbox.wait_for(key, self.capture_wait_s)
+        if record is None:
+            raise RuntimeError("no state was captured for the embedding request")
+        return record.hidden_state().copy()

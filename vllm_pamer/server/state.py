@@ -1,0 +1,92 @@
+"""What the plugin keeps in the API server (``app.state.pamer``): settings,
+sessions, the policies, the store, the engine services and the capture inbox."""
+
+from __future__ import annotations
+
+import logging
+from argparse import Namespace
+from typing import Any
+
+from vllm_pamer.channel import CaptureInbox, CaptureRecord, ensure_channel_address
+from vllm_pamer.core.blocks import Message
+from vllm_pamer.core.policies import MemoryPolicy, PolicyContext, UnknownPolicy, create_variant, policy_class
+from vllm_pamer.core.render import render_tools_as_text, template_supports_tools
+from vllm_pamer.core.tokens import TokenCounter
+from vllm_pamer.embedders import DEFAULT_EMBEDDER, make_embedder
+from vllm_pamer.server.services import VllmEngineServices
+from vllm_pamer.server.sessions import SessionRegistry, SessionState
+from vllm_pamer.settings import Settings
+from vllm_pamer.stores import open_store
+
+logger = logging.getLogger("vllm_pamer.server")
+
+CAPTURE_LIFETIME_S = 3600.0  # a request may wait long in the queue before its prefill
+
+
+class ServerState:
+    def __init__(self, settings: Settings, engine_client: Any, args: Namespace) -> None:
+        self.settings = settings
+        self.engine_client = engine_client
+        self.args = args
+        self.sessions = SessionRegistry()
+        self.inbox = CaptureInbox(ensure_channel_address())
+        self.has_heads = bool(settings.heads)
+        self._policies: dict[str, MemoryPolicy] = {}
+        self.default_policy = self.policy(settings.default_policy, settings.policy_options)
+        tokenizer = engine_client.renderer.get_tokenizer()
+        self.tools_as_text = not template_supports_tools(getattr(tokenizer, "chat_template", None))
+        self.counter = TokenCounter(tokenizer, render=self.render)
+        model_config = engine_client.model_config
+        fingerprint = str(model_config.served_model_name or model_config.model)
+        self.store = open_store(settings.store_path, model_fingerprint=fingerprint)
+        embedder = None
+        if settings.embedder != DEFAULT_EMBEDDER:
+            embedder = make_embedder(settings.embedder, check=True).load()  # load now, not on a request
+        self.services = VllmEngineServices(
+            engine_client, self.counter, self.inbox, model_config.max_model_len, settings.capture_wait_s, embedder
+        )
+        self.context = PolicyContext(self.store, self.services)
+        self.sessions.on_evict = self.services.index.drop_session
+
+    def policy(self, name: str, options: dict | None = None) -> MemoryPolicy:
+        """The policy instance for ``name`` (created once; raises UnknownPolicy)."""
+        if name not in self._policies:
+            if options is None:
+                options = self.settings.options_by_policy.get(name)
+            cls = policy_class((options or {}).get("policy", name))
+            if cls.requires_heads and not self.has_heads:
+                raise UnknownPolicy(
+                    f"policy {name!r} needs a heads file for the served model (--pamer-heads); none is loaded"
+                )
+            self._policies[name] = create_variant(name, options)
+        return self._policies[name]
+
+    def render(self, messages: list[Message]) -> list[Message]:
+        """An agent's messages as the template reads them (tools as text for
+        templates without tool support)."""
+        return render_tools_as_text(messages) if self.tools_as_text else messages
+
+    def prompt_tokens(
+        self, messages: list[Message], template_kwargs: dict | None = None, tools: list[dict] | None = None
+    ) -> int | None:
+        """Prompt tokens of rendered ``messages`` as the engine counts them
+        (``tools`` as vLLM hands them to the template); None when the template
+        refuses them (the engine then answers the request with its own error)."""
+        try:
+            return self.counter.request(messages, tools, template_kwargs, rendered=True)
+        except Exception:
+            logger.debug("token count failed", exc_info=True)
+            return None
+
+    async def on_capture(self, key: str, session: SessionState | None, policy: MemoryPolicy) -> CaptureRecord | None:
+        """Wait for a request's capture; file its vote on the session and let
+        the policy act on it (e.g. start a summary while the agent works)."""
+        record = await self.inbox.wait_for(key, CAPTURE_LIFETIME_S)
+        if record is not None and session is not None:
+            session.record_capture(record)
+            if session.last_vote is not None:
+                try:
+                    await policy.on_vote(session.session_id, session.last_vote, self.context)
+                except Exception:
+                    logger.exception("policy %s failed to act on a vote", policy.name)
+        return record

@@ -1,0 +1,73 @@
+"""``vllm-pamer serve`` in a child process: the one launcher the demo, the
+end-to-end tests and the benchmarks share."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServerProcess:
+    """``vllm-pamer serve`` in a child process (its own process group)."""
+
+    def __init__(self, args: list[str], port: int | None, log_path: Path, env: dict[str, str] | None = None) -> None:
+        port = port or free_port()
+        self.port = port
+        self.base_url = f"http://127.0.0.1:{port}"
+        self.log_path = log_path
+        self._log = open(log_path, "w")
+        cmd = [sys.executable, "-m", "vllm_pamer.cli", "serve", *args, "--port", str(port)]
+        self.proc = subprocess.Popen(
+            cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **(env or {})}
+        )
+
+    def wait_ready(self, timeout: float = 900.0, progress: bool = True) -> None:
+        import httpx
+        from tqdm import tqdm
+
+        deadline = time.monotonic() + timeout
+        with tqdm(total=None, desc="starting vllm-pamer serve", unit="s", disable=not progress) as bar:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(
+                        f"server exited with {self.proc.returncode}; see {self.log_path}:\n{self.tail()}"
+                    )
+                try:
+                    if httpx.get(self.base_url + "/health", timeout=2).status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                time.sleep(1)
+                bar.update(1)
+        raise TimeoutError(f"server not ready after {timeout:.0f} s; see {self.log_path}")
+
+    def tail(self, lines: int = 30) -> str:
+        return "".join(Path(self.log_path).read_text(errors="replace").splitlines(True)[-lines:])
+
+    def kill(self) -> None:
+        """SIGKILL the whole server (API server, engine, workers): a crash."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self._log.close()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self._log.close()

@@ -1,0 +1,149 @@
+"""The plugin's settings: one typed object for every ``PAMER_*`` variable and
+every ``vllm-pamer serve --pamer-*`` flag.
+
+vLLM has no plugin flags, so settings reach every vLLM process (API server,
+EngineCore, workers) through environment variables, which child processes
+inherit: ``PAMER_<FIELD>``. ``vllm-pamer serve`` sets them from its flags,
+``--pamer-<field>`` (bools: ``--pamer-<field>`` / ``--pamer-no-<field>``);
+with plain ``vllm serve`` set them yourself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from vllm_pamer.core.fields import field_docs
+
+ENV_PREFIX = "PAMER_"
+_JSON_FIELDS = ("policy_options", "options_by_policy")
+_FALSE = ("0", "false", "no", "off")
+
+
+class Settings(msgspec.Struct, frozen=True, kw_only=True):
+    policy: str | None = None
+    """Memory policy of requests that name none. Unset: ``pamer`` when a heads
+    file is configured, else ``none``."""
+    policy_options: dict[str, Any] = msgspec.field(default_factory=dict)
+    """Options of that policy, a JSON object."""
+    options_by_policy: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
+    """Options of policies that requests choose by name, a JSON object such as
+    ``{"sam": {"page_tokens": 1024}}``; an entry with a ``policy`` key is a
+    named variant (``{"recent_10": {"policy": "recent_k", "k": 10}}``)."""
+    heads: str | None = None
+    """Heads file (safetensors) evaluated on every captured state; the embedded
+    model's trained heads when it is served and none is given."""
+    capture: bool = True
+    """Capture the final-norm state of the last prompt token at every prefill."""
+    capture_wait_s: float = 2.0
+    """How long a finished response, or an embedding, waits for its capture
+    record before it counts as not captured."""
+    capture_layers: str | None = None
+    """Also tap these decoder blocks (1-based, e.g. ``4,8,15,22``), the final
+    norm, last token and prompt mean: the depth diagnostic of ``vllm-pamer
+    extract --layers``; needs eager execution."""
+    embedder: str = "served"
+    """Memory embedder: ``served`` (the served model's own final-norm state) or
+    ``minilm`` (all-MiniLM-L6-v2 on the CPU)."""
+    store: str | None = None
+    """SQLite file of the session memories (default ``<cache>/memory.sqlite3``)."""
+    cache: str | None = None
+    """Root of the converted default model, demo heads and logs (default
+    ``~/.cache/vllm-pamer``)."""
+    channel: str | None = None
+    """Worker -> API server capture channel (a ZeroMQ address); the first
+    process that loads the plugin picks a fresh ``ipc://`` path."""
+
+    @property
+    def default_policy(self) -> str:
+        return self.policy or ("pamer" if self.heads else "none")
+
+    @property
+    def cache_root(self) -> Path:
+        return Path(self.cache) if self.cache else Path.home() / ".cache" / "vllm-pamer"
+
+    @property
+    def store_path(self) -> Path:
+        return Path(self.store) if self.store else self.cache_root / "memory.sqlite3"
+
+    @staticmethod
+    def env_name(field: str) -> str:
+        return ENV_PREFIX + field.upper()
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for field in cls.__struct_fields__:
+            raw = env.get(cls.env_name(field))
+            if raw is None or raw == "":
+                continue
+            if field in _JSON_FIELDS:
+                try:
+                    values[field] = json.loads(raw)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{cls.env_name(field)} is not JSON: {exc}") from None
+            elif field == "capture":
+                values[field] = raw.lower() not in _FALSE
+            else:
+                values[field] = raw
+        try:
+            return msgspec.convert(values, cls, strict=False)
+        except msgspec.ValidationError as exc:
+            raise ValueError(f"bad PAMER_* setting: {exc}") from None
+
+    def to_env(self) -> dict[str, str]:
+        """The variables that carry these settings (unset fields are left out)."""
+        env = {}
+        for field in self.__struct_fields__:
+            value = getattr(self, field)
+            if value is None:
+                continue
+            if field in _JSON_FIELDS:
+                value = json.dumps(value)
+            elif isinstance(value, bool):
+                value = "1" if value else "0"
+            env[self.env_name(field)] = str(value)
+        return env
+
+    # -- command-line flags ----------------------------------------------------------
+    @classmethod
+    def add_flags(cls, parser: argparse.ArgumentParser) -> None:
+        """``--pamer-<field>`` for every field, each defaulting to unset."""
+        docs = field_docs(cls)
+        for field in cls.__struct_fields__:
+            flag = "--pamer-" + field.replace("_", "-")
+            help_text = docs.get(field, "").replace("%", "%%")
+            if field == "capture":
+                parser.add_argument(flag, dest=field, action="store_const", const=True, default=None, help=help_text)
+                parser.add_argument(
+                    "--pamer-no-" + field, dest=field, action="store_const", const=False, help=argparse.SUPPRESS
+                )
+            else:
+                parser.add_argument(flag, dest=field, default=None, help=help_text)
+
+    def with_flags(self, namespace: argparse.Namespace) -> Settings:
+        """These settings overridden by the flags given on the command line."""
+        values = msgspec.structs.asdict(self)
+        for field in self.__struct_fields__:
+            given = getattr(namespace, field, None)
+            if given is None:
+                continue
+            if field in _JSON_FIELDS:
+                try:
+                    given = json.loads(given)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"--pamer-{field.replace('_', '-')} is not JSON: {exc}") from None
+            elif field == "heads":
+                given = str(Path(given).resolve())
+            values[field] = given
+        try:
+            return msgspec.convert(values, type(self), strict=False)
+        except msgspec.ValidationError as exc:
+            raise ValueError(f"bad --pamer-* flag: {exc}") from None

@@ -1,0 +1,16 @@
+"""Memory store backends (the interface is ``vllm_pamer.core.store``)."""
+
+from __future__ import annotations
+
+import os
+
+from vllm_pamer.core.store import MemoryStore
+from vllm_pamer.stores.sqlite import SqliteStore
+
+
+def open_store(location: str | os.PathLike[str], model_fingerprint: str = "") -> MemoryStore:
+    """The store at ``location``: a SQLite file path (the embedded default)."""
+    return SqliteStore(location, model_fingerprint=model_fingerprint)
+
+
+__all__ = ["SqliteStore", "open_store"]

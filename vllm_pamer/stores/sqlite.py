@@ -1,0 +1,269 @@
+"""The embedded memory store: one SQLite file (WAL) per server.
+
+Tables: ``memories`` (summary, embedding, covered block ids, step details),
+``raw_blocks`` (the raw blocks each memory covers) and ``events`` (every
+policy decision). The guarantees are the interface's (``core/store.py``).
+Calls run in worker threads (``asyncio.to_thread``) behind one lock, so the
+API server's event loop never waits on the disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from vllm_pamer.core.blocks import Block, Message
+from vllm_pamer.core.store import LoadResult, Memory, MemoryStore, StepDetail, StoreError
+
+logger = logging.getLogger("vllm_pamer.store")
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS memories (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    session TEXT NOT NULL,
+    summary TEXT NOT NULL,
+    embedding BLOB NOT NULL,
+    embedding_dim INTEGER NOT NULL,
+    embedder TEXT NOT NULL,
+    covered_block_ids TEXT NOT NULL,
+    step_details TEXT NOT NULL,
+    model_fingerprint TEXT NOT NULL,
+    created REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS memories_session ON memories(session, id);
+CREATE TABLE IF NOT EXISTS raw_blocks (
+    session TEXT NOT NULL,
+    block_id TEXT NOT NULL,
+    memory_id INTEGER NOT NULL REFERENCES memories(id) ON DELETE CASCADE,
+    position INTEGER NOT NULL,
+    messages TEXT NOT NULL,
+    PRIMARY KEY (session, block_id)
+);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    session TEXT,
+    time REAL NOT NULL,
+    kind TEXT NOT NULL,
+    detail TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_session ON events(session, id);
+"""
+
+
+class SqliteStore(MemoryStore):
+    """SQLite-backed store; safe to share between threads of one process."""
+
+    def __init__(self, path: str | os.PathLike, model_fingerprint: str = "") -> None:
+        self.path = Path(path)
+        self.model_fingerprint = model_fingerprint
+        self._lock = threading.Lock()
+        self.reset_events: list[str] = []
+        self._conn = self._open()
+
+    # -- opening, with recovery from a corrupt file -----------------------------
+    def _open(self) -> sqlite3.Connection:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            return self._connect()
+        except sqlite3.DatabaseError as exc:
+            # Corrupt file or foreign schema: keep it aside for inspection, start empty.
+            aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
+            os.replace(self.path, aside)
+            for suffix in ("-wal", "-shm"):
+                Path(str(self.path) + suffix).unlink(missing_ok=True)
+            self.reset_events.append(f"corrupt database moved to {aside.name}: {exc}")
+            logger.warning("vllm-pamer store: %s", self.reset_events[-1])
+            conn = self._connect()
+            self._log(conn, None, "corrupt_state", {"reason": str(exc), "moved_to": aside.name})
+            return conn
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            conn.executescript(_SCHEMA)
+            row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+            if row is None:
+                conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            elif row[0] != str(SCHEMA_VERSION):
+                raise sqlite3.DatabaseError(f"schema version {row[0]}, expected {SCHEMA_VERSION}")
+        except sqlite3.DatabaseError:
+            conn.close()
+            raise
+        return conn
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    # -- writes -------------------------------------------------------------------
+    def _commit_memory(
+        self,
+        session: str,
+        summary: str,
+        embedding: np.ndarray,
+        embedder: str,
+        blocks: Sequence[Block],
+        step_details: Sequence[StepDetail],
+    ) -> int:
+        """Store a memory and the raw blocks it covers, atomically; return its id."""
+        vector = np.asarray(embedding, dtype="<f4").reshape(-1)
+        if not summary.strip():
+            raise StoreError("refusing to store an empty summary")
+        if vector.size == 0 or not np.isfinite(vector).all():
+            raise StoreError("refusing to store an empty or non-finite embedding")
+        ids = [block.block_id for block in blocks]
+        try:
+            with self._lock:
+                self._conn.execute("BEGIN IMMEDIATE")
+                try:
+                    cursor = self._conn.execute(
+                        "INSERT INTO memories (session, summary, embedding, embedding_dim, embedder, "
+                        "covered_block_ids, step_details, model_fingerprint, created) VALUES (?,?,?,?,?,?,?,?,?)",
+                        (
+                            session,
+                            summary,
+                            vector.tobytes(),
+                            int(vector.size),
+                            embedder,
+                            json.dumps(ids),
+                            msgspec.json.encode(step_details).decode(),
+                            self.model_fingerprint,
+                            time.time(),
+                        ),
+                    )
+                    memory_id = int(cursor.lastrowid)
+                    self._conn.executemany(
+                        "INSERT INTO raw_blocks (session, block_id, memory_id, position, messages) VALUES (?,?,?,?,?)",
+                        [
+                            (session, block.block_id, memory_id, detail.step, json.dumps(list(block.messages)))
+                            for block, detail in zip(blocks, step_details)
+                        ],
+                    )
+                    self._conn.execute("COMMIT")
+                except BaseException:
+                    self._conn.execute("ROLLBACK")
+                    raise
+        except sqlite3.Error as exc:
+            raise StoreError(f"storing the memory failed: {exc}") from exc
+        return memory_id
+
+    def _log_event(self, session: str | None, kind: str, detail: dict[str, Any] | None = None) -> None:
+        """Record a decision; a failing event log never fails the request."""
+        try:
+            with self._lock:
+                self._log(self._conn, session, kind, detail or {})
+        except sqlite3.Error:
+            logger.exception("vllm-pamer store: event log write failed")
+
+    @staticmethod
+    def _log(conn: sqlite3.Connection, session: str | None, kind: str, detail: dict[str, Any]) -> None:
+        conn.execute(
+            "INSERT INTO events (session, time, kind, detail) VALUES (?,?,?,?)",
+            (session, time.time(), kind, json.dumps(detail, default=str)),
+        )
+
+    # -- reads ----------------------------------------------------------------------
+    def _load(self, session: str) -> LoadResult:
+        """All valid memories of ``session`` (oldest first). Rows that fail
+        validation are deleted with their raw blocks and counted."""
+        try:
+            with self._lock:
+                rows = self._conn.execute(
+                    "SELECT id, summary, embedding, embedding_dim, embedder, covered_block_ids, step_details, "
+                    "created, (SELECT COUNT(*) FROM raw_blocks r WHERE r.memory_id = m.id) "
+                    "FROM memories m WHERE session=? ORDER BY id",
+                    (session,),
+                ).fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(f"loading session memory failed: {exc}") from exc
+        memories, bad = [], []
+        for row in rows:
+            memory = self._validate(session, row)
+            if memory is None:
+                bad.append(row[0])
+            else:
+                memories.append(memory)
+        if bad:
+            # Corrupt state: discard it and start from what is valid; never repair.
+            with self._lock:
+                self._conn.execute("BEGIN IMMEDIATE")
+                self._conn.executemany("DELETE FROM raw_blocks WHERE memory_id=?", [(i,) for i in bad])
+                self._conn.executemany("DELETE FROM memories WHERE id=?", [(i,) for i in bad])
+                self._conn.execute("COMMIT")
+            self._log_event(session, "corrupt_state", {"discarded_memory_ids": bad})
+        return LoadResult(memories, discarded=len(bad))
+
+    @staticmethod
+    def _validate(session: str, row: tuple) -> Memory | None:
+        memory_id, summary, blob, dim, embedder, covered, details, created, n_raw = row
+        try:
+            if not isinstance(summary, str) or not summary.strip():
+                return None
+            if not isinstance(blob, bytes) or len(blob) != 4 * int(dim) or int(dim) <= 0:
+                return None
+            vector = np.frombuffer(blob, dtype="<f4").copy()
+            if not np.isfinite(vector).all():
+                return None
+            covered_ids = tuple(json.loads(covered))
+            step_details = msgspec.json.decode(details, type=tuple[StepDetail, ...])
+            if not covered_ids or len(covered_ids) != n_raw or [d.block_id for d in step_details] != list(covered_ids):
+                return None  # a memory must come with exactly the raw blocks it covers
+        except (ValueError, TypeError, msgspec.DecodeError, msgspec.ValidationError):
+            return None
+        return Memory(memory_id, session, summary, vector, embedder, covered_ids, step_details, float(created))
+
+    def _raw_blocks(self, session: str, block_ids: Sequence[str]) -> dict[str, list[Message]]:
+        with self._lock:
+            rows = self._conn.execute(
+                f"SELECT block_id, messages FROM raw_blocks WHERE session=? AND block_id IN ({','.join('?' * len(block_ids))})",
+                (session, *block_ids),
+            ).fetchall()
+        return {block_id: json.loads(messages) for block_id, messages in rows}
+
+    def _events(self, session: str, limit: int = 100) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT time, kind, detail FROM events WHERE session=? ORDER BY id DESC LIMIT ?", (session, limit)
+            ).fetchall()
+        return [{"time": t, "kind": k, "detail": json.loads(d)} for t, k, d in reversed(rows)]
+
+    # -- the interface: each call in a worker thread ------------------------------
+    async def load(self, session: str) -> LoadResult:
+        return await asyncio.to_thread(self._load, session)
+
+    async def commit_memory(
+        self,
+        session: str,
+        summary: str,
+        embedding: np.ndarray,
+        embedder: str,
+        blocks: Sequence[Block],
+        step_details: Sequence[StepDetail],
+    ) -> int:
+        return await asyncio.to_thread(self._commit_memory, session, summary, embedding, embedder, blocks, step_details)
+
+    async def raw_blocks(self, session: str, block_ids: Sequence[str]) -> dict[str, list[Message]]:
+        return await asyncio.to_thread(self._raw_blocks, session, block_ids)
+
+    async def log_event(self, session: str | None, kind: str, detail: dict[str, Any] | None = None) -> None:
+        await asyncio.to_thread(self._log_event, session, kind, detail)
+
+    async def events(self, session: str, limit: int = 100) -> list[dict[str, Any]]:
+        return await asyncio.to_thread(self._events, session, limit)

@@ -1,0 +1,156 @@
+"""Worker-side capture: the final-norm state of the last prompt token, once per
+request, taken from the rows vLLM already computes for sampling.
+
+How a step flows (one worker process, one ``WorkerCapture``):
+
+1. The runner's adapter (``vllm_pamer/adapters/``) begins a step with its
+   neutral view (``step.py``) when the step starts, and ends it when it
+   returns. Dummy/profile runs never start a step and so never capture.
+2. The adapter hands the rows sampling reads (final-norm states, one per
+   request's last scheduled token) to ``observe``. The first call of a step
+   is the sampling call; later calls in the same step (prompt logprobs) find
+   the capture disarmed.
+3. ``observe`` picks the rows of requests whose prompt prefill completes in
+   this step (``computed < prompt <= computed + scheduled``), skipping
+   requests already captured (re-prefill after preemption), evaluates the
+   five heads on them and publishes one record per request.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from vllm_pamer.channel import CAPTURE_KEY, SESSION_KEY, CapturePublisher, CaptureRecord
+from vllm_pamer.core.heads import Heads, ModelFingerprint, load_heads
+from vllm_pamer.settings import Settings
+from vllm_pamer.worker.layer_taps import LayerTaps, parse_layers
+from vllm_pamer.worker.step import StepView
+
+logger = logging.getLogger("vllm_pamer.capture")
+
+
+class _TorchHeads:
+    """Heads moved to the capture device once, evaluated by the kernels package."""
+
+    def __init__(self, heads: Heads, device: torch.device) -> None:
+        self.min_votes = heads.min_votes
+        self.tensors = [
+            torch.from_numpy(getattr(heads, name)).to(device) for name in ("w1", "b1", "w2", "b2", "thresholds")
+        ]
+
+    def __call__(self, rows: torch.Tensor):
+        from vllm_pamer.kernels import five_head_vote  # imported in the worker only
+
+        if self.tensors[0].device != rows.device:
+            self.tensors = [t.to(rows.device) for t in self.tensors]
+        return five_head_vote(rows, *self.tensors, min_votes=self.min_votes)
+
+
+class WorkerCapture:
+    def __init__(self, settings: Settings, fingerprint: ModelFingerprint, device: torch.device) -> None:
+        self.enabled = settings.capture
+        self.heads: _TorchHeads | None = None
+        if settings.heads:
+            heads = load_heads(settings.heads)
+            heads.check_model(fingerprint, settings.heads)  # wrong model: start-up error
+            self.heads = _TorchHeads(heads, device)
+        self.publisher = CapturePublisher()
+        self.captured: set[str] = set()
+        self.captures_total = 0
+        self._armed: StepView | None = None
+        self._warned_layout = False
+        blocks = parse_layers(settings.capture_layers)
+        self.taps: LayerTaps | None = LayerTaps(blocks) if (self.enabled and blocks) else None
+
+    def attach_model(self, model: torch.nn.Module) -> None:
+        """Install the layer taps (only when ``PAMER_CAPTURE_LAYERS`` is set)."""
+        if self.taps is not None:
+            self.taps.attach(model)
+
+    # -- step bracket (called by the runner's adapter) ----------------------------
+    def begin_step(self, step: StepView) -> None:
+        for req_id in step.finished:
+            self.captured.discard(req_id)
+        self._armed = step if self.enabled else None
+        if self.taps is not None:  # only made when capture is enabled
+            self.taps.begin_step(step)
+
+    def end_step(self) -> None:
+        self._armed = None
+        if self.taps is not None:
+            self.taps.end_step()
+
+    # -- the capture itself ----------------------------------------------------
+    def observe(self, hidden_states: torch.Tensor) -> None:
+        step, self._armed = self._armed, None
+        if step is None or hidden_states is None:
+            return
+        picks = self._completed_prefill_rows(step, hidden_states.shape[0])
+        if not picks:
+            return
+        rows = hidden_states[torch.tensor([row for row, _ in picks], device=hidden_states.device)]
+        logits = votes = compress = None
+        heads_error = None
+        if self.heads is not None:
+            try:
+                logits, votes, compress = (t.cpu() for t in self.heads(rows))
+            except Exception as exc:  # probe failure: reported, never fatal
+                heads_error = f"{type(exc).__name__}: {exc}"
+        states = rows.float().cpu().numpy().astype("<f4")
+        for i, (_, (req_id, key, session, n_prompt)) in enumerate(picks):
+            self.captured.add(req_id)
+            self.captures_total += 1
+            layers = self.taps.pop(req_id) if self.taps is not None else None
+            self.publisher.publish(
+                CaptureRecord(
+                    key=key,
+                    request_id=req_id,
+                    session_id=session,
+                    num_prompt_tokens=n_prompt,
+                    hidden=states[i].tobytes(),
+                    head_logits=None if logits is None else [float(v) for v in logits[i]],
+                    votes=None if votes is None else int(votes[i]),
+                    compress_vote=None if compress is None else bool(compress[i]),
+                    heads_error=heads_error,
+                    layers=None if layers is None else layers[0],
+                    layer_tokens=None if layers is None else layers[1],
+                )
+            )
+
+    def _completed_prefill_rows(self, step: StepView, num_rows: int):
+        picks = []
+        row = 0
+        for request in step.requests():
+            if request.completes_prompt and request.req_id not in self.captured:
+                extra = step.extra_args(request.req_id)
+                picks.append((row, (request.req_id, extra.get(CAPTURE_KEY), extra.get(SESSION_KEY), request.prompt)))
+            # A request owns one row, plus one per draft token under speculative
+            # decoding; prompt-completing requests never carry drafts.
+            row += 1 + request.draft_tokens
+        if row != num_rows:
+            if not self._warned_layout:
+                logger.warning(
+                    "vllm-pamer: %d logits rows for %d expected; capture skipped for this step",
+                    num_rows,
+                    row,
+                )
+                self._warned_layout = True
+            return []
+        return picks
+
+
+_worker_capture: WorkerCapture | None = None
+
+
+def get_worker_capture() -> WorkerCapture | None:
+    return _worker_capture
+
+
+def init_worker_capture(fingerprint: ModelFingerprint, device: torch.device) -> WorkerCapture:
+    """Create this process's capture (once), loading and checking the heads."""
+    global _worker_capture
+    if _worker_capture is None:
+        _worker_capture = WorkerCapture(Settings.from_env(), fingerprint, device)
+    return _worker_capture
