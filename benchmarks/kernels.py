@@ -302,14 +302,16 @@ def main() -> None:
 
     print("\n## five_head_vote (d = 4096, 5 heads x 256, min_votes = 3)\n")
     print(
-        "| B | d | x / heads | torch eager | fused Triton | speed-up | bytes read | floor | eager x floor | fused x floor |"
+        "| B | d | x / heads | torch eager | fused Triton | speed-up | bytes read | floor | "
+        "eager x floor | fused x floor |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(vote_rows))
     second = "fused Triton" if fused else "torch path (cosine_topk on CPU)"
     print("\n## cosine_topk (B = 16 queries, k = 8, 16 interleaved sessions)\n")
     print(
-        f"| N | e | B | M dtype | torch mm + topk | {second} | speed-up | bytes read | floor | eager x floor | {'fused' if fused else 'path'} x floor |"
+        f"| N | e | B | M dtype | torch mm + topk | {second} | speed-up | bytes read | floor | eager x floor | "
+        f"{'fused' if fused else 'path'} x floor |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(topk_rows))

@@ -107,7 +107,8 @@ def main() -> None:
         f"summary <= {args.summary_max_tokens} tokens, heads always vote compress\n"
     )
     print(
-        "| mode | requests | compressions | written ahead | compressing request latency (s) | mean latency (s) | sum of latencies (s) |"
+        "| mode | requests | compressions | written ahead | compressing request latency (s) | mean latency (s) | "
+        "sum of latencies (s) |"
     )
     print("|---|---|---|---|---|---|---|")
     for mode, r in results.items():
@@ -117,7 +118,8 @@ def main() -> None:
         )
     sync, overlap = results["sync"], results["overlap"]
     print(
-        f"\nratio sync/overlap: compressing-request latency {sync['compress_latency_s'] / overlap['compress_latency_s']:.2f}x, "
+        "\nratio sync/overlap: compressing-request latency "
+        f"{sync['compress_latency_s'] / overlap['compress_latency_s']:.2f}x, "
         f"sum of latencies {sync['total_latency_s'] / overlap['total_latency_s']:.2f}x"
     )
 

@@ -498,14 +498,17 @@ def build_report(
             else f", {len(checks)} trajectories"
         ),
         f"settings: group {args.group} blocks/memory, R = {args.retained} blocks, memory text = raw serialized blocks "
-        f"capped to {args.memory_chars} chars (stand-in for a summary), query = task + R (last {args.query_chars} chars), "
+        f"capped to {args.memory_chars} chars (stand-in for a summary), "
+        f"query = task + R (last {args.query_chars} chars), "
         f"requests with >= {args.min_memories} memories, values >= {args.min_value_len} chars"
         + (", values in un-archived old blocks excluded" if args.exclude_old else ""),
         f"requests: {sum(c.requests for c in checks)}, evaluated (>= {args.min_memories} memories): "
-        f"{sum(c.evaluated_requests for c in checks)}, with >= 1 case: {len({(c.trajectory, c.message_index) for c in cases})}; "
+        f"{sum(c.evaluated_requests for c in checks)}, "
+        f"with >= 1 case: {len({(c.trajectory, c.message_index) for c in cases})}; "
         f"memories: {sum(len(c.memories) for c in checks)}",
         f"cases: {len(cases)} ({int(nxt.sum())} in the agent's next message, {int((~nxt).sum())} task-only); "
-        f"with > 3 memories: {int(big.sum())}; memories per case: mean {fmt(float(np.mean(n_mem)) if n_mem else math.nan, 2)}, "
+        f"with > 3 memories: {int(big.sum())}; "
+        f"memories per case: mean {fmt(float(np.mean(n_mem)) if n_mem else math.nan, 2)}, "
         f"max {max(n_mem) if n_mem else 0}; relevant memories per case: mean "
         f"{fmt(float(np.mean([len(c.relevant) for c in cases])) if cases else math.nan, 2)}",
         "",
@@ -517,9 +520,11 @@ def build_report(
         lo, hi = bootstrap_ci(m.rr, groups)
         macro = float(np.mean([m.rr[groups == g].mean() for g in np.unique(groups)])) if len(cases) else math.nan
         lines.append(
-            f"| {labels.get(m.name, m.name)} | {dims.get(m.name, '-')} | {len(cases)} | {fmt(m.hit1.mean() if len(cases) else math.nan)} | "
+            f"| {labels.get(m.name, m.name)} | {dims.get(m.name, '-')} | {len(cases)} | "
+            f"{fmt(m.hit1.mean() if len(cases) else math.nan)} | "
             f"{fmt(m.hit3.mean() if len(cases) else math.nan)} | {fmt(m.rr.mean() if len(cases) else math.nan)} | "
-            f"{fmt(lo)}-{fmt(hi)} | {fmt(macro)} ({len(np.unique(groups))} traj.) | {fmt(m.hit3[big].mean() if big.any() else math.nan)} (n={int(big.sum())}) | "
+            f"{fmt(lo)}-{fmt(hi)} | {fmt(macro)} ({len(np.unique(groups))} traj.) | "
+            f"{fmt(m.hit3[big].mean() if big.any() else math.nan)} (n={int(big.sum())}) | "
             f"{fmt(m.hit1[nxt].mean() if nxt.any() else math.nan)} (n={int(nxt.sum())}) |"
         )
     by_name = {m.name: m for m in methods}

@@ -20,11 +20,16 @@ import tempfile
 import time
 import uuid
 from collections import OrderedDict
+from typing import TYPE_CHECKING
 
 import msgspec
 import numpy as np
 
 from vllm_pamer.settings import Settings
+
+if TYPE_CHECKING:
+    import zmq
+    import zmq.asyncio
 
 CHANNEL_ENV = Settings.env_name("channel")
 CAPTURE_KEY = "pamer_capture"
@@ -88,7 +93,7 @@ class CapturePublisher:
         self.address = address or os.environ.get(CHANNEL_ENV)
         self.dropped = 0
         self._zmq = zmq
-        self._socket = None
+        self._socket: zmq.SyncSocket | None = None
         if self.address:
             self._socket = zmq.Context.instance().socket(zmq.PUSH)
             self._socket.setsockopt(zmq.SNDHWM, high_water_mark)
@@ -112,7 +117,7 @@ class CaptureReceiver:
         import zmq
 
         self.address = address
-        self._socket = zmq.Context.instance().socket(zmq.PULL)
+        self._socket: zmq.SyncSocket | None = zmq.Context.instance().socket(zmq.PULL)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.bind(address)
 
@@ -154,7 +159,7 @@ class CaptureInbox:
         self._records: OrderedDict[str, tuple[float, CaptureRecord]] = OrderedDict()
         self._waiters: dict[str, asyncio.Future] = {}
         self._task: asyncio.Task | None = None
-        self._socket = None
+        self._socket: zmq.asyncio.Socket | None = None
 
     def start(self) -> None:
         import zmq
@@ -167,11 +172,11 @@ class CaptureInbox:
         self._socket = zmq.asyncio.Context.instance().socket(zmq.PULL)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.bind(self.address)
-        self._task = asyncio.get_running_loop().create_task(self._receive_forever())
+        self._task = asyncio.get_running_loop().create_task(self._receive_forever(self._socket))
 
-    async def _receive_forever(self) -> None:
+    async def _receive_forever(self, socket: zmq.asyncio.Socket) -> None:
         while True:
-            payload = await self._socket.recv()
+            payload = await socket.recv()
             try:
                 record = _decoder.decode(payload)
             except msgspec.DecodeError:

@@ -29,7 +29,7 @@ import importlib.util
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -114,8 +114,8 @@ class MiniLMEmbedder:
         self.batch_size = batch_size
         self.dim: int | None = 384
         self._lock = threading.Lock()
-        self._tokenizer = None
-        self._model = None
+        self._tokenizer: Any = None  # transformers objects, loaded on first use
+        self._model: Any = None
 
     # -- loading -----------------------------------------------------------------------
     def load(self) -> MiniLMEmbedder:
@@ -142,6 +142,7 @@ class MiniLMEmbedder:
         texts = [t if isinstance(t, str) else str(t) for t in texts]
         with self._lock:
             self._load_locked()
+            assert self.dim is not None  # the loaded model's width
             out = np.zeros((len(texts), self.dim), dtype=np.float32)
             if not texts:
                 return out

@@ -192,11 +192,14 @@ class CaptureEngine:
         keys = [f"extract-{self._nonce}-{self._batches}-{n}" for n in range(len(prompts))]
         pending = dict(zip(keys, slots))
         stop = threading.Event()
+        channel = self._receiver
+        if channel is None:
+            raise CaptureError("the engine is closed")
 
         def receive() -> None:
             while pending and not stop.is_set():
-                record = self._receiver.receive(50)
-                if record is None:
+                record = channel.receive(50)
+                if record is None or record.key is None:
                     continue
                 slot = pending.pop(record.key, None)
                 if slot is None:

@@ -69,7 +69,7 @@ def plan_replay(trajectories: Iterable[Mapping[str, Any]], max_steps: int | None
     """The requests to send (the first ``max_steps`` of each trajectory), with
     the evidence each step's recorded action needs (pure; computed once for all
     policies)."""
-    plans = []
+    plans: list[TrajectoryPlan] = []
     for trajectory in trajectories:
         kind = trajectory_kind(trajectory)
         messages = trajectory["messages"]

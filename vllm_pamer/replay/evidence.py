@@ -267,7 +267,8 @@ def recency_at(points: Sequence[FrontierPoint], chars_share: float) -> float | N
 
 def format_frontier(points: Sequence[FrontierPoint]) -> str:
     lines = [
-        "| policy | decision points | with needs | needed values | evidence availability | readable anywhere | chars share |",
+        "| policy | decision points | with needs | needed values | evidence availability | readable anywhere | "
+        "chars share |",
         "|---|---|---|---|---|---|---|",
     ]
     for p in points:

@@ -296,7 +296,8 @@ def _styles(n: int) -> list[dict]:
     """Distinct colours for up to 20 series (matplotlib's default cycle repeats after 10)."""
     import matplotlib
 
-    colours = matplotlib.colormaps["tab10" if n <= 10 else "tab20"].colors
+    # matplotlib types the registry's maps as Colormap; tab10/tab20 are listed
+    colours = matplotlib.colormaps["tab10" if n <= 10 else "tab20"].colors  # type: ignore[attr-defined]
     return [{"color": colours[i % len(colours)]} for i in range(n)]
 
 

@@ -136,9 +136,10 @@ class UnitStore:
         if self.path.exists():
             data = self.path.read_bytes()
             good = 0
-            for good, payload in _members(data):
+            for end, payload in _members(data):
                 unit = msgspec.json.decode(payload, type=Unit)
                 self._units[(unit.run.group, unit.run.policy)] = unit
+                good = end
             if good < len(data):  # a torn unit of a killed sitting: gone, it runs again
                 with self.path.open("r+b") as handle:
                     handle.truncate(good)

@@ -148,6 +148,7 @@ class SqliteStore(MemoryStore):
                             time.time(),
                         ),
                     )
+                    assert cursor.lastrowid is not None  # set by the INSERT
                     memory_id = int(cursor.lastrowid)
                     self._conn.executemany(
                         "INSERT INTO raw_blocks (session, block_id, memory_id, position, messages) VALUES (?,?,?,?,?)",
@@ -232,7 +233,8 @@ class SqliteStore(MemoryStore):
     def _raw_blocks(self, session: str, block_ids: Sequence[str]) -> dict[str, list[Message]]:
         with self._lock:
             rows = self._conn.execute(
-                f"SELECT block_id, messages FROM raw_blocks WHERE session=? AND block_id IN ({','.join('?' * len(block_ids))})",
+                "SELECT block_id, messages FROM raw_blocks "
+                f"WHERE session=? AND block_id IN ({','.join('?' * len(block_ids))})",
                 (session, *block_ids),
             ).fetchall()
         return {block_id: json.loads(messages) for block_id, messages in rows}

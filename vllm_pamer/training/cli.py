@@ -395,7 +395,8 @@ def train_main(argv: Sequence[str] | None = None) -> int:
         "--threads",
         type=int,
         default=1,
-        help="torch CPU threads while training (default 1, the fastest on a shared 2-core machine; 0 = torch's default)",
+        help="torch CPU threads while training (default 1, the fastest on a shared 2-core machine; "
+        "0 = torch's default)",
     )
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
 

@@ -263,14 +263,15 @@ def _run_experiment(full, recent2, meta, config: TrainConfig, texts, log) -> Exp
     }
     log(
         f"[train] target={config.target}: {data['labelled']} labelled rows of {data['rows']} "
-        f"({data['positive_rate']:.1%} positive), {data['trajectories']} trajectories, {data['tasks']} tasks, d={data['hidden_size']}"
+        f"({data['positive_rate']:.1%} positive), {data['trajectories']} trajectories, {data['tasks']} tasks, "
+        f"d={data['hidden_size']}"
     )
 
     length_turn = length_turn_features(meta)
     result = ExperimentResult(config=config, data=data, methods=methods, notes=notes)
     h = config.head
     other = "linear" if h == "mlp" else "mlp"
-    fit_kwargs = dict(
+    fit_kwargs: dict[str, Any] = dict(
         epochs=config.epochs,
         lr=config.lr,
         batch_size=config.batch_size,

@@ -121,10 +121,10 @@ class ChatPrompter:
         self.keep_head = int(keep_head)
         self.tools_as_text = not template_supports_tools(getattr(tokenizer, "chat_template", None))
 
-    def render(self, messages: Sequence[Mapping[str, Any]]) -> list[dict]:
+    def render(self, messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """The messages as the server hands them to the chat template."""
-        messages = [dict(m) for m in messages]
-        return render_tools_as_text(messages) if self.tools_as_text else messages
+        copies = [dict(m) for m in messages]
+        return render_tools_as_text(copies) if self.tools_as_text else copies
 
     def template_ids(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
         ids = self.tokenizer.apply_chat_template(self.render(messages), tokenize=True, add_generation_prompt=True)
@@ -179,10 +179,10 @@ def join_points(
     differs (other ``n_recent``, other data), is an error."""
     by_id: dict[str, Mapping[str, Any]] = {}
     order: dict[str, int] = {}
-    for trajectory in trajectories:
-        tid = str(trajectory.get("id", ""))
+    for given in trajectories:
+        tid = str(given.get("id", ""))
         if tid not in by_id:
-            by_id[tid] = trajectory
+            by_id[tid] = given
             order[tid] = len(order)
     settings = AnnotatorSettings(n_recent=n_recent)
     contexts: dict[str, dict[int, DecisionContext]] = {}
@@ -345,7 +345,7 @@ def extract(
         return result
 
     owned = not isinstance(engine, CaptureEngine)
-    live: CaptureEngine | None = None if owned else engine
+    live = engine if isinstance(engine, CaptureEngine) else None
     done_states = 2 * sum(len(shards[i]) for i in range(len(shards)) if i not in todo)
     bar = tqdm(total=2 * len(points), initial=done_states, unit="state", desc="extracting", disable=not progress)
     try:
@@ -354,6 +354,7 @@ def extract(
             if live is None:
                 bar.set_postfix_str("starting the engine")
                 started = time.monotonic()
+                assert not isinstance(engine, CaptureEngine)  # live is None only for a factory
                 live = engine()
                 result.engine_start_s = time.monotonic() - started
                 bar.set_postfix_str("")

@@ -41,7 +41,8 @@ PAPER: dict[str, dict[str, dict[str, Any]]] = {
             "auroc": (0.827, None),
             "auprc": (0.665, None),
             "f1": (0.606, None),
-            "where": "Table 1 Hidden (MLP); Table 8 no-hint MLP (faithful-hint teacher: 0.829 / 0.690 / 0.639, Tables 6 and 9)",
+            "where": "Table 1 Hidden (MLP); Table 8 no-hint MLP "
+            "(faithful-hint teacher: 0.829 / 0.690 / 0.639, Tables 6 and 9)",
         },
         "recent2": {
             "auroc": (0.776, None),
@@ -74,7 +75,8 @@ PAPER: dict[str, dict[str, dict[str, Any]]] = {
             "auroc": (0.763, None),
             "auprc": (0.592, None),
             "f1": (0.541, None),
-            "where": "Table 1 Hidden (MLP); Table 8 no-hint MLP (faithful-hint teacher: 0.780 / 0.597 / 0.558, Tables 6 and 9)",
+            "where": "Table 1 Hidden (MLP); Table 8 no-hint MLP "
+            "(faithful-hint teacher: 0.780 / 0.597 / 0.558, Tables 6 and 9)",
         },
         "recent2": {"auroc": (0.761, None), "f1": (0.520, None), "where": "Table 2 / Table 11 Recent2"},
         "recent2_kd": {
@@ -313,16 +315,21 @@ def write_report(
             continue
         s = summary[key]
         lines.append(
-            f"| {method.label} | {fmt_estimate(s['auroc'])} | {fmt_estimate(ref.get('auroc'))} | {fmt_estimate(s['auprc'])} | "
-            f"{fmt_estimate(ref.get('auprc'))} | {fmt_estimate(s['f1'])} | {fmt_estimate(ref.get('f1'))} | {ref['where']} |"
+            f"| {method.label} | {fmt_estimate(s['auroc'])} | {fmt_estimate(ref.get('auroc'))} | "
+            f"{fmt_estimate(s['auprc'])} | {fmt_estimate(ref.get('auprc'))} | "
+            f"{fmt_estimate(s['f1'])} | {fmt_estimate(ref.get('f1'))} | {ref['where']} |"
         )
     ref_other = PAPER[other_target]
     lines += [
         "",
-        f"For reference, the paper's {other_target} numbers: length + turn {fmt_estimate(ref_other['length_turn']['auroc'])}, "
-        f"metadata {fmt_estimate(ref_other['metadata']['auroc'])}, hidden linear {fmt_estimate(ref_other['full_linear']['auroc'])}, "
-        f"hidden MLP {fmt_estimate(ref_other['full_mlp']['auroc'])}, Recent2 {fmt_estimate(ref_other['recent2']['auroc'])}, "
-        f"Recent2 + KD {fmt_estimate(ref_other['recent2_kd']['auroc'])}. Paper Table 1 headline: hidden 0.831 (compression) "
+        f"For reference, the paper's {other_target} numbers: "
+        f"length + turn {fmt_estimate(ref_other['length_turn']['auroc'])}, "
+        f"metadata {fmt_estimate(ref_other['metadata']['auroc'])}, "
+        f"hidden linear {fmt_estimate(ref_other['full_linear']['auroc'])}, "
+        f"hidden MLP {fmt_estimate(ref_other['full_mlp']['auroc'])}, "
+        f"Recent2 {fmt_estimate(ref_other['recent2']['auroc'])}, "
+        f"Recent2 + KD {fmt_estimate(ref_other['recent2_kd']['auroc'])}. "
+        "Paper Table 1 headline: hidden 0.831 (compression) "
         "and 0.765 (recall) against metadata 0.758 and 0.549.",
         "",
         "## Does the hidden state beat the controls here?",
@@ -351,7 +358,8 @@ def write_report(
             delta = by_source[hidden][source][0] - by_source[best][source][0]
             lines.append(
                 f"- Within `{source}` only: the exported heads ({result.methods[hidden].label}) reach "
-                f"{fmt_estimate(by_source[hidden][source])} against {fmt_estimate(by_source[best][source])} for the best control there "
+                f"{fmt_estimate(by_source[hidden][source])} against {fmt_estimate(by_source[best][source])} "
+                "for the best control there "
                 f"({result.methods[best].label}): {'**beats**' if delta > 0 else '**does not beat**'} it "
                 f"(Δ = {delta:+.3f})."
             )
@@ -389,7 +397,8 @@ def write_report(
         if fingerprint is not None:
             lines.append(
                 f"- Model fingerprint: {fingerprint.architecture}, hidden {fingerprint.hidden_size}, "
-                f"{fingerprint.num_hidden_layers} layers, vocab {fingerprint.vocab_size}, name `{fingerprint.model_name}`."
+                f"{fingerprint.num_hidden_layers} layers, vocab {fingerprint.vocab_size}, "
+                f"name `{fingerprint.model_name}`."
             )
     lines += [
         "- The server evaluates the heads on the final-norm state captured at the prefill of the *served* request "
@@ -412,7 +421,8 @@ def write_report(
             lines.append(
                 f"- {target}: test AUROC of linear probes, last token / mean pooling: "
                 + "; ".join(
-                    f"{tap} {fmt_estimate(layerwise.summary(target, tap, 'last'))} / {fmt_estimate(layerwise.summary(target, tap, 'mean'))}"
+                    f"{tap} {fmt_estimate(layerwise.summary(target, tap, 'last'))} / "
+                    f"{fmt_estimate(layerwise.summary(target, tap, 'mean'))}"
                     for tap in layerwise.taps
                 )
                 + f" ({layerwise.data[target]['rows']} points)."
@@ -424,7 +434,7 @@ def write_report(
         lines.append("- Plots skipped: matplotlib is not installed.")
     lines += ["", "## Plots", ""]
     if "roc.png" in plots:
-        lines += ["ROC curves on one test split (seed %d):" % result.seeds[0]["seed"], "", "![ROC](roc.png)", ""]
+        lines += [f"ROC curves on one test split (seed {result.seeds[0]['seed']:d}):", "", "![ROC](roc.png)", ""]
     if "auroc.png" in plots:
         lines += ["Test AUROC by method (bars: ours, mean ± sd; diamonds: paper):", "", "![AUROC](auroc.png)", ""]
     lines += [f"Training and evaluation took {result.seconds:.0f} s.", ""]

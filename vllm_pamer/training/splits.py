@@ -28,8 +28,8 @@ def grouped_split(
     The sorted distinct groups are shuffled by ``numpy.random.default_rng(seed)``
     and cut by *group count*: round(0.70 G) train, round(0.15 G) val, the rest
     test (each split gets at least one group when G >= 3). Deterministic per seed."""
-    groups = np.asarray(groups, dtype=object)
-    distinct = sorted(set(groups.tolist()))
+    group_array = np.asarray(groups, dtype=object)
+    distinct = sorted(set(group_array.tolist()))
     g = len(distinct)
     if g < 3:
         raise ValueError(f"need at least 3 tasks to split 70/15/15, got {g}")
@@ -39,7 +39,7 @@ def grouped_split(
     n_train = min(max(1, round(fractions[0] * g)), g - 2)
     n_val = min(max(1, round(fractions[1] * g)), g - n_train - 1)
     index = {distinct[k]: rank for rank, k in enumerate(order)}
-    rank = np.fromiter((index[x] for x in groups), dtype=np.int64, count=len(groups))
+    rank = np.fromiter((index[x] for x in group_array), dtype=np.int64, count=len(group_array))
     train = np.flatnonzero(rank < n_train)
     val = np.flatnonzero((rank >= n_train) & (rank < n_train + n_val))
     test = np.flatnonzero(rank >= n_train + n_val)
