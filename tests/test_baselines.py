@@ -267,10 +267,12 @@ def test_summary_policies_need_a_memory_context(name):
 
 def test_pamer_never_searches_summary_baseline_memories(store):
     run("periodic_summary", chat(5), store, Services(), n=3)
-    outcome = run("pamer", chat(6), store, Services(), vote=KEEP)
+    outcome = run("pamer", chat(6), store, Services(), vote=KEEP, schedule="paper")
     assert outcome.action == "recalled"  # the memory covers its blocks, but is not searched
     assert MEMORY_HEADER not in str(outcome.messages)
     assert outcome.messages == chat(6)[:2] + blocks_of(chat(6), 3)
+    budget = run("pamer", chat(6), store, Services(), vote=KEEP)  # the budget schedule shows none either
+    assert budget.action == "rewritten" and budget.messages == outcome.messages
 
 
 # --- every registered policy: protocol-valid output, prefix first ----------------
@@ -280,7 +282,7 @@ OPTIONS = {
     "discard_tool": {"window": 1},
     "periodic_summary": {"n": 1, "retained_blocks": 1},
     "rolling_summary": {"trigger_tokens": 1, "retained_blocks": 1},
-    "pamer": {"min_candidate_tokens": 1, "retained_blocks": 1},
+    "pamer": {"context_budget": 120, "retained_blocks": 1},  # the budget schedule, compacting often
     "pamer_plus": {"min_candidate_tokens": 1, "retained_blocks": 1},
     "sam": {"trigger_tokens": 1, "page_tokens": 50, "retained_blocks": 1},
 }

@@ -150,7 +150,7 @@ def test_load_rejects_missing_tensors(tmp_path):
     tensors = _tensors(_heads())
     del tensors["thresholds"]
     save_file(tensors, str(path), metadata=_metadata())
-    with pytest.raises(ValueError, match="missing tensors.*thresholds"):
+    with pytest.raises(ValueError, match=r"missing tensors.*thresholds"):
         load_heads(path)
 
 

@@ -21,7 +21,8 @@ from vllm_pamer.stores.sqlite import SqliteStore
 
 
 def run(messages, store, services, vote, session="s1", **options):
-    policy = create_policy("pamer", options)
+    """PaMER on the paper's schedule (the budget schedule: tests/test_compaction.py)."""
+    policy = create_policy("pamer", {"schedule": "paper", **options})
     return asyncio.run(rewrite_request(messages, session, policy, vote, PolicyContext(store, services)))
 
 
@@ -86,7 +87,7 @@ def test_window_guard_compresses_a_request_the_window_cannot_hold(store, vote):
 
 def test_window_guard_counts_the_tools_and_can_be_turned_off(store):
     messages, tools = conversation(8), [{"type": "function", "function": {"name": f"t{i}"}} for i in range(4)]
-    policy = create_policy("pamer", {})
+    policy = create_policy("pamer", {"schedule": "paper"})
     fits = asyncio.run(rewrite_request(messages, "s1", policy, KEEP, PolicyContext(store, FakeEngine(window=2_100))))
     assert fits.action == "none"  # fits without the tools
     with_tools = asyncio.run(
@@ -112,7 +113,7 @@ def test_window_guard_trusts_the_servers_count_below_the_window(store):
     messages the guard checks are a subset, so a count below the window needs
     no second whole-history count."""
     messages = conversation(8)
-    policy = create_policy("pamer", {})
+    policy = create_policy("pamer", {"schedule": "paper"})
     services = CountingWindowServices(2_100)
     below = asyncio.run(
         rewrite_request(messages, "s1", policy, KEEP, PolicyContext(store, services), prompt_tokens=2_099)
@@ -232,7 +233,7 @@ def test_summary_written_ahead_is_committed_by_the_next_request(store, new_block
     services = FakeEngine()
 
     async def scenario():
-        policy = create_policy("pamer", {"summarize_ahead": True})
+        policy = create_policy("pamer", {"schedule": "paper", "summarize_ahead": True})
         context = PolicyContext(store, services)
         t = conversation(7)
         first = await rewrite_request(t, "s1", policy, KEEP, context)
@@ -262,7 +263,7 @@ def test_failed_ahead_summary_falls_back_to_the_synchronous_path(store):
     services = FlakyServices()
 
     async def scenario():
-        policy = create_policy("pamer", {"summarize_ahead": True, "summary_attempts": 1})
+        policy = create_policy("pamer", {"schedule": "paper", "summarize_ahead": True, "summary_attempts": 1})
         context = PolicyContext(store, services)
         await rewrite_request(conversation(7), "s1", policy, KEEP, context)
         await policy.on_vote("s1", COMPRESS, context)
@@ -277,7 +278,7 @@ def test_keep_vote_starts_nothing_ahead(store):
     services = FakeEngine()
 
     async def scenario():
-        policy = create_policy("pamer", {"summarize_ahead": True})
+        policy = create_policy("pamer", {"schedule": "paper", "summarize_ahead": True})
         context = PolicyContext(store, services)
         await rewrite_request(conversation(7), "s1", policy, KEEP, context)
         await policy.on_vote("s1", KEEP, context)
@@ -293,7 +294,7 @@ def test_no_summary_ahead_for_blocks_just_archived(store):
     services = FakeEngine()
 
     async def scenario():
-        policy = create_policy("pamer", {"summarize_ahead": True})
+        policy = create_policy("pamer", {"schedule": "paper", "summarize_ahead": True})
         context = PolicyContext(store, services)
         outcome = await rewrite_request(conversation(8), "s1", policy, COMPRESS, context)
         assert outcome.action == "compressed"
@@ -343,7 +344,7 @@ def test_conversation_layout_resends_what_the_engine_saw_then_asks(store):
     services = ConversationServices()
 
     async def scenario():
-        policy = create_policy("pamer", {"summary_layout": "conversation"})
+        policy = create_policy("pamer", {"schedule": "paper", "summary_layout": "conversation"})
         context = PolicyContext(store, services)
         first = await rewrite_request(conversation(8), "s1", policy, COMPRESS, context)
         shown = await rewrite_request(conversation(10), "s1", policy, KEEP, context)  # shows memory 1
@@ -376,7 +377,7 @@ def test_conversation_layout_falls_back_to_text(store):
     run(conversation(8), store, services, COMPRESS, session="s2")
     assert services.conversations == [] and services.summaries == 1
     with pytest.raises(ValueError, match="summary_layout"):
-        create_policy("pamer", {"summary_layout": "chat"})
+        create_policy("pamer", {"schedule": "paper", "summary_layout": "chat"})
 
 
 class StateServices(FakeEngine):
@@ -410,7 +411,9 @@ def test_captured_query_recalls_without_an_embedding_request(store):
             rewrite_request(
                 later,
                 "s1",
-                create_policy("pamer", {"query_source": "captured", "top_k": 1, "stable_recall": False}),
+                create_policy(
+                    "pamer", {"schedule": "paper", "query_source": "captured", "top_k": 1, "stable_recall": False}
+                ),
                 KEEP,
                 PolicyContext(store, services),
                 previous_state=state,
@@ -433,7 +436,7 @@ def test_captured_query_falls_back_to_the_text_query(store, case):
         services.embedder_name = "bag-of-words"  # memories were embedded as the served state
     else:
         state = np.ones(32, dtype=np.float32)
-    policy = create_policy("pamer", {"query_source": "captured"})
+    policy = create_policy("pamer", {"schedule": "paper", "query_source": "captured"})
     outcome = asyncio.run(
         rewrite_request(conversation(10), "s1", policy, KEEP, PolicyContext(store, services), previous_state=state)
     )
@@ -446,7 +449,7 @@ def test_captured_query_falls_back_to_the_text_query(store, case):
 
 def test_query_source_is_checked():
     with pytest.raises(ValueError, match="query_source"):
-        create_policy("pamer", {"query_source": "state"})
+        create_policy("pamer", {"schedule": "paper", "query_source": "state"})
 
 
 def test_text_query_source_embeds_task_and_recent_even_with_a_state(store):
@@ -459,7 +462,7 @@ def test_text_query_source_embeds_task_and_recent_even_with_a_state(store):
         rewrite_request(
             conversation(10),
             "s1",
-            create_policy("pamer", {"query_source": "text"}),
+            create_policy("pamer", {"schedule": "paper", "query_source": "text"}),
             KEEP,
             PolicyContext(store, services),
             previous_state=np.ones(64, dtype=np.float32),

@@ -83,7 +83,7 @@ def test_selected_steps_are_recalled_and_injected_after_the_summaries(store):
 def test_invalid_selection_injects_nothing_and_keeps_the_pamer_request(store, selection, rule):
     policy = create_policy("pamer_plus")
     session_with_memory(store, policy)
-    plain = later(store, create_policy("pamer"), FakeEngine())
+    plain = later(store, create_policy("pamer", {"schedule": "paper"}), FakeEngine())
     out = later(store, policy, ScriptedServices(selection))
     assert out.messages == plain.messages and rule in out.detail
     assert any(e["kind"] == "step_selection_rejected" for e in blocking(store).events("s"))
@@ -92,7 +92,7 @@ def test_invalid_selection_injects_nothing_and_keeps_the_pamer_request(store, se
 def test_empty_selection_and_failures_inject_nothing(store):
     policy = create_policy("pamer_plus")
     session_with_memory(store, policy)
-    plain = later(store, create_policy("pamer"), FakeEngine()).messages
+    plain = later(store, create_policy("pamer", {"schedule": "paper"}), FakeEngine()).messages
     assert later(store, policy, ScriptedServices({"summary_ids": [], "raw_steps_needed": []})).messages == plain
     for kind in ("selector", "recall"):
         out = later(store, policy, ScriptedServices({"summary_ids": [1], "raw_steps_needed": ["1.2"]}, fail=kind))
@@ -105,7 +105,7 @@ def test_empty_selection_and_failures_inject_nothing(store):
 def test_step_evidence_that_would_not_fit_the_window_is_left_out(store):
     policy = create_policy("pamer_plus")
     session_with_memory(store, policy)
-    plain = later(store, create_policy("pamer"), FakeEngine()).messages
+    plain = later(store, create_policy("pamer", {"schedule": "paper"}), FakeEngine()).messages
     services = ScriptedServices({"summary_ids": [1], "raw_steps_needed": ["1.3"]}, recall="ID3 " * 400 + "[step 1.3]")
     services.max_model_len = services.count_tokens(plain) + 100  # the request fits, the evidence does not
     out = later(store, policy, services)
@@ -143,8 +143,8 @@ def test_pamer_recall_text_stays_identical_while_the_query_drifts(store):
             ids.append(out.recalled)
         return texts, ids
 
-    plain, plain_ids = recalled(create_policy("pamer", {"top_k": 2, "stable_recall": False}))
-    stable, stable_ids = recalled(create_policy("pamer", {"top_k": 2}))
+    plain, plain_ids = recalled(create_policy("pamer", {"schedule": "paper", "top_k": 2, "stable_recall": False}))
+    stable, stable_ids = recalled(create_policy("pamer", {"schedule": "paper", "top_k": 2}))
     assert plain[0] != plain[1] and plain_ids[0] != plain_ids[1]
     assert stable[0] == stable[1] == plain[0]
     assert stable_ids[0] == stable_ids[1] == plain_ids[0]

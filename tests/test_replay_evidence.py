@@ -196,3 +196,31 @@ def test_frontier_matches_the_per_step_functions(kind):
     assert point.needed == needed > 0
     assert point.availability == pytest.approx(kept / needed)
     assert point.readable == pytest.approx(readable / needed)
+
+
+def test_duplicate_ids_are_replayed_and_measured_apart():
+    """Several runs of one task share an id in real traces: the frontier of a
+    replay covers exactly the runs replayed, not every run of that id."""
+    from vllm_pamer.replay.client import plan_replay
+    from vllm_pamer.replay.records import StepRecord
+    from vllm_pamer.replay.report import replayed_frontier
+
+    rerun = {**SWE, "messages": SWE["messages"] + SWE["messages"][2:6]}  # same id, another run
+    plans = plan_replay([SWE, rerun], max_steps=2)
+    assert plans[0].trajectory_id == plans[1].trajectory_id and plans[0].key != plans[1].key
+    records = [
+        StepRecord(
+            policy="none",
+            trajectory_id=p.trajectory_id,
+            trajectory_key=p.key,
+            session_id="s",
+            step=s.step,
+            message_index=s.message_index,
+            status="ok",
+            latency_s=0.1,
+        )
+        for p in plans[:1]
+        for s in p.steps
+    ]
+    (only_first,) = replayed_frontier(records, [SWE, rerun])[:1]
+    assert only_first == recency_frontier([SWE], ks=(1,), max_steps=2)[0]

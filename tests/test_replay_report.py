@@ -16,8 +16,9 @@ from vllm_pamer.replay.evidence import (
     recent_k_context,
     trajectory_kind,
 )
+from vllm_pamer.replay.plots import context_per_turn
 from vllm_pamer.replay.records import RunSummary, StepRecord, read_records, read_runs
-from vllm_pamer.replay.report import context_per_turn, jaccard, markdown_table, summarize, write_report
+from vllm_pamer.replay.report import jaccard, markdown_table, summarize, write_report
 from vllm_pamer.trajectories import agent_requests, load_trajectories
 
 
@@ -140,7 +141,8 @@ def test_markdown_table_and_files(tmp_path):
     table = markdown_table(rows)
     lines = table.splitlines()
     assert lines[0].startswith("| policy | trajectories |") and len(lines) == 4
-    assert "| none | 2 | 3 | 1 | 312 | 250 | 600 | 50.0% | 3.00 | 3 | - | - | 100.0% | 100.0% | - | - |" in table
+    # answered / min (refused excluded) beside requests / min; no compaction, no cache break
+    assert "| none | 2 | 3 | 1 | 312 | 250 | 600 | 50.0% | 3.00 | 4.00 | 3 | - | 0 | 0 | - | 100.0% | 100.0% |" in table
     assert "| recent_k | 2 | 4 | 0 |" in lines[3] and "66.7% | 0.50 |" in lines[3]
     assert read_records(tmp_path / "records.jsonl") == RECORDS
     assert [r.policy for r in read_runs(tmp_path / "runs.json")] == ["none", "recent_k"]

@@ -18,16 +18,17 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import MutableMapping
 
 import msgspec
 
-from vllm_pamer.adapters.launch import is_cpu_build, run_vllm_cli
+from vllm_pamer.adapters.launch import cpu_default_dtype, is_cpu_build, run_vllm_cli
 from vllm_pamer.model_config import model_fingerprint
 from vllm_pamer.plugin import PLUGIN_NAMES
 from vllm_pamer.settings import Settings
 
 
-def _enable_plugins(env: dict[str, str]) -> None:
+def _enable_plugins(env: MutableMapping[str, str]) -> None:
     wanted = PLUGIN_NAMES.split(",")
     current = [p for p in env.get("VLLM_PLUGINS", "").split(",") if p]
     env["VLLM_PLUGINS"] = ",".join(current + [p for p in wanted if p not in current])
@@ -105,6 +106,10 @@ def _cpu_defaults(rest: list[str]) -> list[str]:
     if is_cpu_build() and not _has_flag(rest, "--gpu-memory-utilization"):
         # On CPU this is the share of RAM reserved for the KV cache.
         rest = rest + ["--gpu-memory-utilization", "0.2"]
+    dtype = cpu_default_dtype()
+    if dtype and not _has_flag(rest, "--dtype"):
+        print(f"vllm-pamer: this CPU has no native bf16: serving in {dtype} (pass --dtype to choose)", file=sys.stderr)
+        rest = rest + ["--dtype", dtype]
     return rest
 
 
@@ -123,7 +128,8 @@ def cmd_make_heads(argv: list[str]) -> None:
         "--constant-logit",
         type=float,
         default=None,
-        help="heads that ignore the state and always output this logit (e.g. 10 forces 'compress', -10 'keep'); for tests",
+        help="heads that ignore the state and always output this logit "
+        "(e.g. 10 forces 'compress', -10 'keep'); for tests",
     )
     args = parser.parse_args(argv)
     from vllm_pamer.core.heads import constant_heads, random_heads, save_heads
@@ -139,7 +145,7 @@ def cmd_make_heads(argv: list[str]) -> None:
         print(f"wrote constant-logit ({args.constant_logit}) heads for {model} to {args.out}")
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int | None:
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = {
         "serve": cmd_serve,
@@ -149,7 +155,8 @@ def main(argv: list[str] | None = None) -> None:
     if argv and argv[0] == "demo":
         from vllm_pamer.demo import main as demo_main
 
-        return demo_main(argv[1:])
+        demo_main(argv[1:])
+        return 0
     if argv and argv[0] == "annotate":
         from vllm_pamer.training.cli import annotate_main
 
@@ -170,7 +177,8 @@ def main(argv: list[str] | None = None) -> None:
         print(__doc__)
         sys.exit(0 if argv and argv[0] in ("-h", "--help") else 2)
     commands[argv[0]](argv[1:])
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -13,6 +13,7 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 from vllm_pamer.default_model import DEFAULT_MODEL_NAME, cache_root, ensure_default_model, shipped_heads
 from vllm_pamer.server_process import ServerProcess
@@ -48,7 +49,7 @@ def replay(base_url: str, model: str, trajectory: dict, session_id: str, max_ste
             break
         response = client.chat.completions.create(
             model=model,
-            messages=history,
+            messages=history,  # type: ignore[arg-type]  # OpenAI's message TypedDicts
             max_tokens=max_tokens,
             temperature=0,
             extra_headers={"X-Session-ID": session_id},
@@ -63,6 +64,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--max-steps", type=int, default=None)
     parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument(
+        "--context-budget",
+        type=int,
+        default=DEMO_BUDGET,
+        help="PaMER's context budget in tokens (default %(default)s: small, so this short trajectory compacts)",
+    )
     args = parser.parse_args(argv)
 
     model_dir = ensure_default_model()
@@ -76,15 +83,16 @@ def main(argv: list[str] | None = None) -> None:
     trajectory = trajectories[args.trajectory]
     log_path = cache_root() / "demo-server.log"
     print(f"model: {model_dir}\nheads: {heads} ({about})")
-    print(
-        f"policy: {args.policy}; trajectory {trajectory['id']} ({len(trajectory['messages'])} messages); log: {log_path}"
-    )
+    print(f"policy: {args.policy}; trajectory {trajectory['id']} ({len(trajectory['messages'])} messages)")
+    print(f"server log: {log_path}")
 
     # --enforce-eager: torch.compile of the model costs over a minute on two
     # cores at first start and buys little for a 135M model.
     serve_args = ["--pamer-policy", args.policy, "--pamer-heads", str(heads), "--enforce-eager"]
+    serve_args += ["--enable-prompt-tokens-details"]  # cached tokens per response
     if args.policy == "pamer":  # summaries of at most 256 tokens keep the CPU demo to minutes
-        serve_args += ["--pamer-policy-options", json.dumps({"summary_max_tokens": 256})]
+        options = {"summary_max_tokens": 256, "context_budget": args.context_budget}
+        serve_args += ["--pamer-policy-options", json.dumps(options)]
     # Memories persist in the SQLite store across server restarts: a fresh
     # session id per run, so a second demo does not start with the first one's.
     session_id = f"demo-{trajectory['id']}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -92,32 +100,57 @@ def main(argv: list[str] | None = None) -> None:
     server = ServerProcess(serve_args, args.port, log_path)
     try:
         server.wait_ready()
-        header = f"{'step':>4} {'msgs':>4} {'tok in':>6} {'tok out':>7} {'capt':>4}  {'head logits':<37} {'votes':>5} {'vote':>5}  action"
-        print(header)
-        print("-" * len(header))
-        total_in = total_out = captured = steps = 0
-        for step, n_messages, response in replay(
-            server.base_url, DEFAULT_MODEL_NAME, trajectory, session_id, args.max_steps, args.max_tokens
-        ):
-            p = response.model_extra["pamer"]
-            print(
-                f"{step:>4} {n_messages:>4} {p['prompt_tokens_in']:>6} {p['prompt_tokens_out']:>7} "
-                f"{'yes' if p['captured'] else 'no':>4}  {_fmt_logits(p['head_logits']):<37} "
-                f"{p['votes'] if p['votes'] is not None else '-':>5} "
-                f"{str(p['compress_vote']) if p['compress_vote'] is not None else '-':>5}  {p['action']}"
-                + (f" memories {p['recalled']}" if p.get("recalled") else "")
-            )
-            total_in += p["prompt_tokens_in"] or 0
-            total_out += p["prompt_tokens_out"] or 0
-            captured += bool(p["captured"])
-            steps += 1
-        print("-" * len(header))
-        print(
-            f"{steps} requests, {captured} states captured; prompt tokens {total_in} -> {total_out} "
-            f"({100.0 * total_out / max(total_in, 1):.0f}% sent) with policy {args.policy}"
-        )
+        _print_replay(server, trajectory, session_id, args)
     finally:
         server.stop()
+
+
+DEMO_BUDGET = 3500
+HEADER = (
+    f"{'step':>4} {'msgs':>4} {'tok in':>6} {'tok out':>7} {'cached':>6} {'capt':>4}  "
+    f"{'head logits':<37} {'votes':>5} {'vote':>5}  action"
+)
+
+
+def _print_replay(server: ServerProcess, trajectory: dict[str, Any], session_id: str, args: Any) -> None:
+    total_in = total_out = total_cached = captured = steps = 0
+    for step, n_messages, response in replay(
+        server.base_url, DEFAULT_MODEL_NAME, trajectory, session_id, args.max_steps, args.max_tokens
+    ):
+        p = response.model_extra["pamer"]
+        if steps == 0:
+            if p.get("schedule"):
+                sched = p["schedule"]
+                print(
+                    f"schedule: budget {sched['budget']} tokens, band from {sched['band_low']}, "
+                    f"a compaction goes down to {sched['target']}"
+                )
+            print(HEADER + "\n" + "-" * len(HEADER))
+        details = response.usage.prompt_tokens_details if response.usage else None
+        cached = (details.cached_tokens or 0) if details is not None else 0
+        action = p["action"]
+        sched = p.get("schedule") or {}
+        if sched.get("trigger"):
+            action += f" ({sched['trigger']}, {sched['cache_break_tokens']} cached tokens recomputed)"
+        if p.get("recalled"):
+            action += f" memories {p['recalled']}"
+        votes = p["votes"] if p["votes"] is not None else "-"
+        vote = str(p["compress_vote"]) if p["compress_vote"] is not None else "-"
+        print(
+            f"{step:>4} {n_messages:>4} {p['prompt_tokens_in']:>6} {p['prompt_tokens_out']:>7} {cached:>6} "
+            f"{'yes' if p['captured'] else 'no':>4}  {_fmt_logits(p['head_logits']):<37} {votes:>5} {vote:>5}  {action}"
+        )
+        total_in += p["prompt_tokens_in"] or 0
+        total_out += p["prompt_tokens_out"] or 0
+        total_cached += cached
+        captured += bool(p["captured"])
+        steps += 1
+    print("-" * len(HEADER))
+    print(
+        f"{steps} requests, {captured} states captured; prompt tokens {total_in} -> {total_out} "
+        f"({100.0 * total_out / max(total_in, 1):.0f}% sent), {100.0 * total_cached / max(total_out, 1):.0f}% "
+        f"of them from the prefix cache, with policy {args.policy}"
+    )
 
 
 if __name__ == "__main__":

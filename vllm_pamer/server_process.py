@@ -26,7 +26,7 @@ class ServerProcess:
         self.port = port
         self.base_url = f"http://127.0.0.1:{port}"
         self.log_path = log_path
-        self._log = open(log_path, "w")
+        self._log = open(log_path, "w")  # noqa: SIM115 - the child writes it until stop()
         cmd = [sys.executable, "-m", "vllm_pamer.cli", "serve", *args, "--port", str(port)]
         self.proc = subprocess.Popen(
             cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **(env or {})}

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,13 @@ def load_trajectories(path: str | Path | None = None, kind: str = "tau") -> list
     if raw[:2] == b"\x1f\x8b":
         raw = gzip.decompress(raw)
     return [json.loads(line) for line in raw.decode().splitlines() if line.strip()]
+
+
+def trajectory_key(trajectory: Mapping[str, Any]) -> str:
+    """A key unique to this trajectory: its id and a digest of its messages
+    (real traces repeat ids: several runs of one task share one)."""
+    digest = hashlib.sha256(json.dumps(trajectory.get("messages"), sort_keys=True).encode()).hexdigest()[:10]
+    return f"{trajectory.get('id', '')}@{digest}"
 
 
 def agent_requests(messages: list[dict[str, Any]]) -> Iterator[tuple[int, list[dict[str, Any]]]]:

@@ -25,7 +25,9 @@ def chat(client, messages, session=None, policy=None, max_tokens=8, **kwargs):
 
 TRAJECTORY = "airline-task2-trial1"  # 62 messages, 27 tool results, beyond the 8k window unrewritten
 # Short internal answers keep a CPU replay fast; everything else is each policy's default.
-PAMER_OPTIONS = {"summary_max_tokens": 48}
+# The server's own PaMER runs the paper's schedule; "pamer_budget" the budget schedule
+# with a budget this trajectory reaches twice in BUDGET_STEPS requests.
+PAMER_OPTIONS = {"summary_max_tokens": 48, "schedule": "paper"}
 OPTIONS_BY_POLICY = {
     # the paper's text query (PaMER's default recalls with the captured state)
     "pamer_plus": {
@@ -38,7 +40,13 @@ OPTIONS_BY_POLICY = {
     "rolling_summary": {"trigger_tokens": 1024, "summary_max_tokens": 48},
     "sam": {"trigger_tokens": 2500, "page_tokens": 1500, "cue_max_tokens": 48, "recall_max_tokens": 48},
     "sliding_window": {"k": 4},
-    "pamer_conversation": {"policy": "pamer", "summary_layout": "conversation", "summary_max_tokens": 48},
+    "pamer_conversation": {
+        "policy": "pamer",
+        "schedule": "paper",
+        "summary_layout": "conversation",
+        "summary_max_tokens": 48,
+    },
+    "pamer_budget": {"policy": "pamer", "context_budget": 3600, "summary_max_tokens": 48},
 }
 
 
@@ -57,6 +65,7 @@ def start_pamer_server(heads, store_path, log_path):
             "--pamer-heads",
             str(heads),
             "--enforce-eager",
+            "--enable-prompt-tokens-details",  # cached tokens per response
         ],
         None,
         log_path,

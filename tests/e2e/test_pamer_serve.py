@@ -4,6 +4,7 @@ trajectory; and a crash (SIGKILL) in the middle of a compression."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -155,3 +156,53 @@ def test_window_guard_compresses_a_first_request_longer_than_the_window(compress
     assert report["action"] == "compressed" and "longer than the window" in report["detail"], report
     assert report["prompt_tokens_in"] >= 8192 > report["prompt_tokens_out"]
     assert protocol_issues(report["messages_sent"]) == []
+
+
+BUDGET_STEPS = 24  # the budget of "pamer_budget" (tests/e2e/helpers.py) is reached twice in these
+
+
+@pytest.fixture(scope="module")
+def budget_run(compress_server, trajectory):
+    client = client_for(compress_server)
+    out = []
+    for _, history in list(agent_requests(trajectory["messages"]))[:BUDGET_STEPS]:
+        response = chat(client, history, "pamer-budget-e2e", "pamer_budget")
+        out.append((history, response.model_extra["pamer"], response.usage))
+    session = requests.get(f"{compress_server.base_url}/pamer/sessions/pamer-budget-e2e", timeout=30).json()
+    metrics = requests.get(f"{compress_server.base_url}/metrics", timeout=30).text
+    return out, session, metrics
+
+
+def test_budget_schedule_is_served_from_the_prefix_cache_between_compactions(budget_run):
+    """Between two compactions what is sent only grows, so vLLM serves it from
+    its prefix cache: cache hits >= 80% of the prompt tokens there."""
+    steps, _, _ = budget_run
+    reports = [report for _, report, _ in steps]
+    compactions = [i for i, r in enumerate(reports) if r["action"] == "compressed"]
+    assert len(compactions) >= 2, [r["action"] for r in reports]
+    first, second = compactions[:2]
+    between = steps[first + 1 : second]
+    assert between, "two compactions in a row"
+    for (_, now, _), (_, later, _) in itertools.pairwise(between):
+        assert later["messages_sent"][: len(now["messages_sent"])] == now["messages_sent"]  # append-only
+    prompt = sum(usage.prompt_tokens for _, _, usage in between)
+    cached = sum(usage.prompt_tokens_details.cached_tokens for _, _, usage in between)
+    assert cached >= 0.8 * prompt, f"cache hits {cached}/{prompt} between compactions {first} and {second}"
+    for report in reports:
+        schedule = report["schedule"]
+        assert schedule["budget"] == 3600 and schedule["band_low"] == 2700
+        assert protocol_issues(report["messages_sent"]) == []
+    for i in compactions:  # always-compress heads: each fires on the vote, inside the band or at its top
+        assert reports[i]["schedule"]["trigger"] in ("vote", "top_of_band")
+        assert reports[i]["schedule"]["cache_break_tokens"] > 0
+
+
+def test_budget_schedule_is_visible_in_the_session_and_the_metrics(budget_run):
+    _, session, metrics = budget_run
+    assert session["last_schedule"]["budget"] == 3600
+    compressed = [e for e in session["events"] if e["kind"] == "compressed"]
+    assert compressed and all(e["detail"]["trigger"] and e["detail"]["cache_break_tokens"] > 0 for e in compressed)
+    assert "vllm_pamer_cache_break_tokens_total" in metrics
+    assert 'vllm_pamer_compactions_total{policy="pamer_budget"' in metrics
+    memory = session["memories"][0]["summary"]
+    assert "Record of the archived steps" in memory and "called " in memory  # calls kept verbatim

@@ -100,7 +100,7 @@ def test_one_capture_per_request_matching_hf(tiny_llama):
         assert np.allclose(record.head_logits, logits[0].numpy(), atol=1e-3)
         margin = (logits[0] - tensors[4]).abs().min().item()
         if margin > 1e-3:
-            assert record.votes == int(votes[0]) and record.decision == bool(decision[0])
+            assert record.votes == int(votes[0]) and record.compress_vote == bool(decision[0])
 
 
 def test_prompt_logprobs_request_still_captured_once(tiny_llama):

@@ -6,6 +6,11 @@ from vllm_pamer.adapters import vllm_series
 SERIES = vllm_series()  # refuses an unsupported vLLM here, at import
 
 # One series so far; a second one becomes a branch on SERIES.
-from vllm_pamer.adapters.vllm_0_32.cpu import is_cpu_build, prepare_vllm_cpu, run_vllm_cli  # noqa: E402
+from vllm_pamer.adapters.vllm_0_32.cpu import (  # noqa: E402
+    cpu_default_dtype,
+    is_cpu_build,
+    prepare_vllm_cpu,
+    run_vllm_cli,
+)
 
-__all__ = ["is_cpu_build", "prepare_vllm_cpu", "run_vllm_cli"]
+__all__ = ["cpu_default_dtype", "is_cpu_build", "prepare_vllm_cpu", "run_vllm_cli"]

@@ -24,6 +24,8 @@ from typing import Any
 import msgspec
 
 Message = dict[str, Any]
+Tool = dict[str, Any]
+"""One entry of a request's ``tools`` (an OpenAI function tool)."""
 
 KNOWN_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 

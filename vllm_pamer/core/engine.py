@@ -8,11 +8,11 @@ required, so a policy never probes for optional ones.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
-from vllm_pamer.core.blocks import Message
+from vllm_pamer.core.blocks import Message, Tool
 from vllm_pamer.core.store import Memory
 
 
@@ -28,7 +28,7 @@ class EngineServices(Protocol):
         served tokenizer counts them: budgets and gates."""
         ...
 
-    def prompt_tokens(self, messages: Sequence[Message], tools: list[dict] | None = None) -> int:
+    def prompt_tokens(self, messages: Sequence[Message], tools: list[Tool] | None = None) -> int:
         """Prompt tokens of a whole request of these messages and tools, as the
         engine counts them: what must fit the window."""
         ...
@@ -44,7 +44,11 @@ class EngineServices(Protocol):
         ...
 
     async def complete(
-        self, messages: Sequence[Message], max_tokens: int, json_schema: dict | None = None, kind: str = "internal"
+        self,
+        messages: Sequence[Message],
+        max_tokens: int,
+        json_schema: dict[str, Any] | None = None,
+        kind: str = "internal",
     ) -> str:
         """An internal chat request (greedy, thinking off); ``json_schema``
         constrains the answer."""
@@ -52,6 +56,10 @@ class EngineServices(Protocol):
 
     async def embed(self, text: str) -> np.ndarray:
         """A float32 embedding of ``text`` (by ``embedder_name``)."""
+        ...
+
+    def kv_usage(self) -> float | None:
+        """The engine's KV-cache usage (0-1) as it last reported it; None: unknown."""
         ...
 
     def top_k(self, session: str, query: np.ndarray, memories: Sequence[Memory], k: int) -> list[Memory]:

@@ -13,8 +13,9 @@ from collections.abc import Sequence
 import msgspec
 import numpy as np
 
-from vllm_pamer.core.blocks import Message, protocol_issues, split_conversation
+from vllm_pamer.core.blocks import Message, Tool, protocol_issues, split_conversation
 from vllm_pamer.core.policies import HeadVote, MemoryPolicy, PolicyContext, PolicyDecision, PolicyRequest
+from vllm_pamer.core.schedule import ScheduleReport
 
 logger = logging.getLogger("vllm_pamer.pipeline")
 
@@ -25,8 +26,9 @@ class RewriteOutcome(msgspec.Struct, frozen=True):
     """``none``, ``rewritten`` or ``fallback:<rule>``."""
     detail: str = ""
     tokens_inserted: int = 0
-    extra_tools: tuple[dict, ...] = ()
+    extra_tools: tuple[Tool, ...] = ()
     recalled: tuple[int, ...] | None = None
+    schedule: ScheduleReport | None = None
 
     @property
     def is_fallback(self) -> bool:
@@ -44,8 +46,9 @@ async def rewrite_request(
     previous_vote: HeadVote | None = None,
     context: PolicyContext | None = None,
     previous_state: np.ndarray | None = None,
-    tools: list[dict] | None = None,
+    tools: list[Tool] | None = None,
     prompt_tokens: int | None = None,
+    context_budget: int | None = None,
 ) -> RewriteOutcome:
     if not session_id:
         return _fallback(messages, "missing_session_id")
@@ -54,7 +57,14 @@ async def rewrite_request(
         first = issues[0]
         return _fallback(messages, "unsafe_tool_protocol", f"{first.rule} at message {first.index}: {first.detail}")
     request = PolicyRequest(
-        session_id, split_conversation(messages), previous_vote, context, previous_state, tools, prompt_tokens
+        session_id,
+        split_conversation(messages),
+        previous_vote,
+        context,
+        previous_state,
+        tools,
+        prompt_tokens,
+        context_budget,
     )
     try:
         decision: PolicyDecision = await policy.rewrite(request)
@@ -62,7 +72,7 @@ async def rewrite_request(
         logger.exception("policy %s failed", policy.name)
         return _fallback(messages, "policy_error", f"{type(exc).__name__}: {exc}")
     if decision.action.startswith("fallback:"):
-        return RewriteOutcome(list(messages), decision.action, decision.detail)
+        return RewriteOutcome(list(messages), decision.action, decision.detail, schedule=decision.schedule)
     issues = protocol_issues(decision.messages)
     if issues or not decision.messages:
         return _fallback(messages, "invalid_rewrite", issues[0].detail if issues else "empty result")
@@ -73,4 +83,5 @@ async def rewrite_request(
         decision.tokens_inserted,
         decision.extra_tools,
         decision.recalled,
+        decision.schedule,
     )

@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import Any
 
 from vllm_pamer.core.blocks import Message
 
 
 def template_supports_tools(chat_template: str | None) -> bool:
-    return bool(chat_template) and "tool_calls" in chat_template
+    return chat_template is not None and "tool_calls" in chat_template
 
 
-def _text(content) -> str:
+def _text(content: Any) -> str:
     if content is None:
         return ""
     if isinstance(content, str):
@@ -28,7 +29,7 @@ def _text(content) -> str:
     return "".join(part.get("text", "") for part in content if isinstance(part, dict))
 
 
-def _arguments(arguments):
+def _arguments(arguments: Any) -> Any:
     """JSON arguments as an object, so the text reads as the hermes format
     (``{"name": ..., "arguments": {...}}``) that vLLM's parser turns back into
     tool calls; anything else as it came."""

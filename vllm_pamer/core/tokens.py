@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from vllm_pamer.core.blocks import Message
+from vllm_pamer.core.blocks import Message, Tool
 
 
 class ChatTokenizer(Protocol):
@@ -42,7 +42,7 @@ class TokenCounter:
     def request(
         self,
         messages: Sequence[Message],
-        tools: list[dict] | None = None,
+        tools: list[Tool] | None = None,
         template_kwargs: dict[str, Any] | None = None,
         *,
         rendered: bool = False,

@@ -40,7 +40,7 @@ from vllm_pamer.replay.evidence import (
     trajectory_kind,
 )
 from vllm_pamer.replay.records import RunSummary, StepRecord
-from vllm_pamer.trajectories import agent_requests
+from vllm_pamer.trajectories import agent_requests, trajectory_key
 
 # vLLM: "The decoder prompt (length N) is longer than the maximum model length of M";
 # OpenAI-style servers: "maximum context length".
@@ -63,6 +63,8 @@ class TrajectoryPlan(msgspec.Struct, frozen=True):
     kind: Kind
     tools: list[dict[str, Any]] | None
     steps: list[ReplayStep]
+    key: str = ""
+    """``trajectories.trajectory_key``: unique where ids repeat."""
 
 
 def plan_replay(trajectories: Iterable[Mapping[str, Any]], max_steps: int | None = None) -> list[TrajectoryPlan]:
@@ -79,7 +81,11 @@ def plan_replay(trajectories: Iterable[Mapping[str, Any]], max_steps: int | None
                 break
             needed = sorted(needed_values(history, messages[i], kind))
             steps.append(ReplayStep(step, i, list(history), needed, context_chars(history)))
-        plans.append(TrajectoryPlan(str(trajectory.get("id", len(plans))), kind, trajectory.get("tools"), steps))
+        plans.append(
+            TrajectoryPlan(
+                str(trajectory.get("id", len(plans))), kind, trajectory.get("tools"), steps, trajectory_key(trajectory)
+            )
+        )
     return plans
 
 
@@ -181,6 +187,7 @@ async def send_step(
     record = StepRecord(
         policy=policy,
         trajectory_id=plan.trajectory_id,
+        trajectory_key=plan.key,
         kind=plan.kind,
         session_id=session_id,
         step=step.step,
@@ -264,7 +271,7 @@ async def replay_policy(
         peak = await sampler
         bar.close()
     after = await scrape(client, settings.url)
-    records.sort(key=lambda r: (r.trajectory_id, r.step))
+    records.sort(key=lambda r: (r.trajectory_key, r.step))
     kinds = {plan.kind for plan in plans}
     summary = RunSummary(
         policy=policy,

@@ -53,7 +53,7 @@ from vllm_pamer.core.salient import (
     message_text,
     occurs,
 )
-from vllm_pamer.trajectories import agent_requests
+from vllm_pamer.trajectories import agent_requests, trajectory_key
 
 Kind = Literal["tau", "swe"]
 
@@ -177,7 +177,8 @@ def recency_frontier(
     """``recent_k``'s evidence availability and character share for each k, on
     the first ``max_steps`` requests of each trajectory (all by default: the
     same requests ``replay --max-steps`` sends). A mapping gives each
-    trajectory id its own count; trajectories it does not name are skipped.
+    trajectory its own count, by ``trajectories.trajectory_key``; trajectories
+    it does not name are skipped.
 
     Same definitions as ``needed_values`` / ``evidence_messages`` /
     ``availability`` on ``recent_k_context``, computed with one occurrence
@@ -188,7 +189,9 @@ def recency_frontier(
     sent_chars = dict.fromkeys(ks, 0)
     points = with_needs = needed_total = all_chars = 0
     for trajectory in trajectories:
-        limit = max_steps.get(str(trajectory.get("id")), 0) if isinstance(max_steps, Mapping) else max_steps
+        limit: int | None = max_steps if not isinstance(max_steps, Mapping) else None
+        if isinstance(max_steps, Mapping):  # by trajectories.trajectory_key (or, in old records, by id)
+            limit = max_steps.get(trajectory_key(trajectory), max_steps.get(str(trajectory.get("id")), 0))
         if limit == 0:
             continue
         kind = trajectory_kind(trajectory)

@@ -20,6 +20,9 @@ class StepRecord(msgspec.Struct, kw_only=True):
 
     policy: str
     trajectory_id: str
+    trajectory_key: str = ""
+    """Unique per trajectory (``trajectories.trajectory_key``); empty in
+    records written before it existed, which the report then keys by id."""
     kind: str = ""
     """``tau`` or ``swe`` (how evidence is read, ``evidence.trajectory_kind``)."""
     session_id: str

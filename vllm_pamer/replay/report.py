@@ -54,7 +54,8 @@ from typing import Any
 import msgspec
 
 from vllm_pamer.replay import prometheus
-from vllm_pamer.replay.evidence import FrontierPoint, recency_at, recency_curve, recency_frontier
+from vllm_pamer.replay.evidence import FrontierPoint, recency_at, recency_frontier
+from vllm_pamer.replay.plots import plot_all
 from vllm_pamer.replay.records import RunSummary, StepRecord, write_records, write_runs
 
 BASELINE = "none"
@@ -73,7 +74,15 @@ class PolicyRow(msgspec.Struct, kw_only=True):
     prefill_computed: float | None = None
     peak_kv_usage: float | None = None
     steps_per_min: float | None = None
+    """Answered requests a minute (refused ones excluded)."""
+    requests_per_min: float | None = None
+    """Every request a minute, refused ones included."""
     preemptions: float | None = None
+    compactions: int = 0
+    """Requests that compacted (action ``compressed``)."""
+    cache_break_tokens: int = 0
+    """Prefix-cached tokens those compactions made the engine compute again
+    (the ``schedule`` report; 0 for policies without one)."""
     evidence_availability: float | None = None
     chars_share: float | None = None
     over_recency: float | None = None
@@ -157,11 +166,16 @@ def policy_row(
     peaks: dict[str, int] = {}
     for r in ok:
         if r.prompt_tokens_out is not None:
-            peaks[r.trajectory_id] = max(peaks.get(r.trajectory_id, 0), r.prompt_tokens_out)
+            peaks[key_of(r)] = max(peaks.get(key_of(r), 0), r.prompt_tokens_out)
     row.mean_peak_context = mean(peaks.values()) if peaks else None
 
     row.prefill_computed = prometheus.prefill_computed(deltas)
     row.steps_per_min = _ratio(len(ok), run.elapsed_s / 60.0)
+    row.requests_per_min = _ratio(len(records), run.elapsed_s / 60.0)
+    row.compactions = sum(1 for r in ok if (r.pamer or {}).get("action") == "compressed")
+    row.cache_break_tokens = sum(
+        int(((r.pamer or {}).get("schedule") or {}).get("cache_break_tokens") or 0) for r in ok
+    )
     row.preemptions = prometheus.total(deltas, "vllm:num_preemptions_total")
 
     echoed = [r for r in ok if r.available is not None]
@@ -181,8 +195,8 @@ def policy_row(
     row.recall_changes = _ratio(changed, row.recalls)
 
     if baseline is not None and run.policy != BASELINE:
-        reference = {(r.trajectory_id, r.step): r for r in baseline if r.status == "ok"}
-        pairs = [(r, reference[k]) for r in ok if (k := (r.trajectory_id, r.step)) in reference]
+        reference = {(key_of(r), r.step): r for r in baseline if r.status == "ok"}
+        pairs = [(r, reference[k]) for r in ok if (k := (key_of(r), r.step)) in reference]
         if pairs:
             row.agree_tool = mean(float(r.action_tool == b.action_tool) for r, b in pairs)
             row.agree_args = mean(jaccard(r.action_values, b.action_values) for r, b in pairs)
@@ -220,9 +234,12 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("mean_peak_context", "mean peak context", "num"),
     ("prefill_computed", "prefill computed", "num"),
     ("peak_kv_usage", "peak KV", "pct"),
-    ("steps_per_min", "steps / min", "rate"),
+    ("steps_per_min", "answered / min", "rate"),
+    ("requests_per_min", "requests / min", "rate"),
     ("preemptions", "preemptions", "num"),
     ("cache_hits", "cache hits", "pct"),
+    ("compactions", "compactions", "num"),
+    ("cache_break_tokens", "cache-break tokens", "num"),
     ("recall_changes", "recall changes", "pct"),
     ("evidence_availability", "evidence availability", "pct"),
     ("chars_share", "chars share", "pct"),
@@ -242,12 +259,17 @@ def markdown_table(rows: Sequence[PolicyRow]) -> str:
     return "\n".join(lines)
 
 
+def key_of(record: StepRecord) -> str:
+    """The record's trajectory, unique (its id for records from before keys)."""
+    return record.trajectory_key or record.trajectory_id
+
+
 def replayed_frontier(records: Sequence[StepRecord], trajectories: Sequence[Mapping[str, Any]]) -> list[FrontierPoint]:
     """``recent_k``'s frontier (k = 1 .. the longest replay) on exactly the
     requests these records replayed: each trajectory up to its last step here."""
     steps: dict[str, int] = {}
     for r in records:
-        steps[r.trajectory_id] = max(steps.get(r.trajectory_id, 0), r.step + 1)
+        steps[key_of(r)] = max(steps.get(key_of(r), 0), r.step + 1)
     if not steps:
         return []
     return recency_frontier(trajectories, range(1, max(steps.values()) + 1), steps)
@@ -260,126 +282,6 @@ def add_over_recency(rows: Sequence[PolicyRow], frontier: Sequence[FrontierPoint
             continue
         recency = recency_at(frontier, row.chars_share)
         row.over_recency = None if recency is None else row.evidence_availability - recency
-
-
-def context_per_turn(records: Sequence[StepRecord]) -> dict[str, dict[int, float]]:
-    """Mean ``prompt_tokens_out`` by step index, per policy."""
-    sums: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
-    for r in records:
-        if r.status == "ok" and r.prompt_tokens_out is not None:
-            sums[r.policy][r.step].append(r.prompt_tokens_out)
-    return {p: {s: mean(v) for s, v in sorted(steps.items())} for p, steps in sums.items()}
-
-
-def _pyplot():
-    """matplotlib's pyplot on the file backend, or None without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    return plt
-
-
-def _save(plt, figure, axes, path: str | Path) -> None:
-    """Grid, legend beside the axes (labels would overlap inside), file."""
-    axes.grid(alpha=0.3)
-    axes.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-
-
-def _styles(n: int) -> list[dict]:
-    """Distinct colours for up to 20 series (matplotlib's default cycle repeats after 10)."""
-    import matplotlib
-
-    # matplotlib types the registry's maps as Colormap; tab10/tab20 are listed
-    colours = matplotlib.colormaps["tab10" if n <= 10 else "tab20"].colors  # type: ignore[attr-defined]
-    return [{"color": colours[i % len(colours)]} for i in range(n)]
-
-
-def _scatter_policies(axes, points: Sequence[tuple[str, float, float]]) -> None:
-    """One marker per (policy, x, evidence share), evidence drawn in percent,
-    above any line on the axes."""
-    markers = "osD^vP*Xh<>p"
-    for i, ((policy, x, evidence), style) in enumerate(zip(points, _styles(len(points)))):
-        axes.scatter(
-            x, 100 * evidence, s=40, color=style["color"], marker=markers[i % len(markers)], label=policy, zorder=3
-        )
-
-
-def plot_context_per_turn(records: Sequence[StepRecord], path: str | Path, label: str = "") -> bool:
-    """The paper's Figure 3 for this replay: mean context per turn, one line per
-    policy. False (nothing written) without matplotlib or data."""
-    curves = context_per_turn(records)
-    plt = _pyplot()
-    if plt is None or not curves:
-        return False
-    figure, axes = plt.subplots(figsize=(8.5, 4))
-    for (policy, points), style in zip(curves.items(), _styles(len(curves))):
-        axes.plot(list(points), list(points.values()), label=policy, linewidth=1.5, **style)
-    axes.set_xlabel("turn (decision point)")
-    axes.set_ylabel("mean prompt tokens sent")
-    axes.set_title("Context size per turn" + (f" ({label})" if label else ""))
-    _save(plt, figure, axes, path)
-    return True
-
-
-def plot_evidence_vs_chars(
-    rows: Sequence[PolicyRow], frontier: Sequence[FrontierPoint], path: str | Path, label: str = ""
-) -> bool:
-    """One point per policy, characters kept (x) against evidence kept (y), over
-    the line plain recency draws on the same requests: a policy above the line
-    keeps more for its characters than dropping old blocks. False (nothing
-    written) without matplotlib, rows or frontier."""
-    points = [
-        (r.policy, r.chars_share, r.evidence_availability)
-        for r in rows
-        if r.chars_share is not None and r.evidence_availability is not None
-    ]
-    curve = recency_curve(frontier)
-    plt = _pyplot()
-    if plt is None or not points or not curve:
-        return False
-    figure, axes = plt.subplots(figsize=(8.5, 4.5))
-    axes.plot(
-        [100 * x for x, _ in curve],
-        [100 * y for _, y in curve],
-        "--",
-        color="grey",
-        linewidth=1.2,
-        label=f"recent_k, k = {min(p.k for p in frontier)}..{max(p.k for p in frontier)}",
-    )
-    _scatter_policies(axes, [(policy, 100 * chars, evidence) for policy, chars, evidence in points])
-    axes.set_xlabel("chars share (%): characters sent over the full history's")
-    axes.set_ylabel("evidence availability (%)")
-    axes.set_title("Evidence for the characters kept, against recency" + (f" ({label})" if label else ""))
-    _save(plt, figure, axes, path)
-    return True
-
-
-def plot_cost_vs_evidence(rows: Sequence[PolicyRow], path: str | Path, label: str = "") -> bool:
-    """One point per policy: prefill the engine computed (x) against the
-    evidence the next action needs that is still readable (y), the trade-off a
-    token count alone hides. False (nothing written) without the figures."""
-    points = [
-        (r.policy, r.prefill_computed, r.evidence_availability)
-        for r in rows
-        if r.prefill_computed is not None and r.evidence_availability is not None
-    ]
-    plt = _pyplot()
-    if plt is None or not points:
-        return False
-    figure, axes = plt.subplots(figsize=(8.5, 4.5))
-    _scatter_policies(axes, points)
-    axes.set_xlabel("prefill tokens computed (prompt tokens not served from the prefix cache)")
-    axes.set_ylabel("evidence availability (%)")
-    axes.set_title("Cost and evidence per policy" + (f" ({label})" if label else ""))
-    _save(plt, figure, axes, path)
-    return True
 
 
 NOTES = """\
@@ -399,32 +301,6 @@ reuse prefix-cache blocks of an earlier one (prefill computed).
 
 
 KIND_TITLES = {"tau": "tau-bench", "swe": "mini-swe"}
-
-
-def _plots(
-    out: Path,
-    records: Sequence[StepRecord],
-    rows: Sequence[PolicyRow],
-    frontier: Sequence[FrontierPoint],
-    suffix: str = "",
-    label: str = "",
-) -> list[str]:
-    """The plots (``context_per_turn<suffix>.png``, ``cost_vs_evidence<suffix>.png``,
-    ``evidence_vs_chars<suffix>.png`` given a frontier); the markdown lines of those written."""
-    lines = []
-    for stem, title, plotted in (
-        ("context_per_turn", "context size per turn", lambda path: plot_context_per_turn(records, path, label)),
-        ("cost_vs_evidence", "cost and evidence", lambda path: plot_cost_vs_evidence(rows, path, label)),
-        (
-            "evidence_vs_chars",
-            "evidence against recency",
-            lambda path: plot_evidence_vs_chars(rows, frontier, path, label),
-        ),
-    ):
-        name = f"{stem}{suffix}.png"
-        if plotted(out / name):
-            lines.append(f"\n![{title}{', ' + label if label else ''}]({name})\n")
-    return lines
 
 
 def write_report(
@@ -467,8 +343,8 @@ def write_report(
             name = KIND_TITLES.get(kind, kind)
             kind_rows, kind_frontier = rows_and_frontier(kind_records, kind_runs)
             parts.append(f"\n## {name}\n\n{markdown_table(kind_rows)}\n")
-            parts += _plots(out, kind_records, kind_rows, kind_frontier, f"_{kind}", name)
+            parts += plot_all(out, kind_records, kind_rows, kind_frontier, f"_{kind}", name)
     else:
-        parts += _plots(out, records, rows, frontier)
+        parts += plot_all(out, records, rows, frontier)
     (out / "report.md").write_text("\n".join(part for part in parts if part))
     return rows

@@ -25,6 +25,7 @@ from vllm_pamer.server.tool_rounds import offered_tools
 SESSION_HEADER = "x-session-id"
 POLICY_HEADER = "x-pamer-policy"
 ECHO_HEADER = "x-pamer-echo"
+BUDGET_HEADER = "x-pamer-context-budget"
 
 
 class InputError(Exception):
@@ -52,6 +53,8 @@ class ChatInput:
     """Prompt tokens as received (messages and the tools the template renders)."""
     xargs: dict[str, Any] = field(default_factory=dict)
     """The client's own ``vllm_xargs``."""
+    context_budget: int | None = None
+    """The request's own context budget (``X-Pamer-Context-Budget``)."""
     exclude_tools: bool = False
     """The server runs with ``--exclude-tools-when-tool-choice-none``."""
     own_tools: list[dict] = field(default_factory=list)
@@ -83,6 +86,7 @@ async def read_chat(body: dict[str, Any], raw_request: Request, state: ServerSta
     xargs = body.get("vllm_xargs") or {}
     if not isinstance(xargs, dict):
         raise InputError("vllm_xargs must be an object")
+    context_budget = _context_budget(raw_request.headers.get(BUDGET_HEADER), body.pop("pamer_context_budget", None))
     try:
         policy = state.policy(policy_name) if policy_name else state.default_policy
     except (UnknownPolicy, ValueError) as exc:
@@ -105,9 +109,24 @@ async def read_chat(body: dict[str, Any], raw_request: Request, state: ServerSta
         received.chat_template_kwargs,
         tools_in,
         prompt_tokens_in,
-        dict(xargs),
-        exclude_tools,
+        xargs=dict(xargs),
+        context_budget=context_budget,
+        exclude_tools=exclude_tools,
     )
+
+
+def _context_budget(header: str | None, field: Any) -> int | None:
+    """The request's own context budget: a positive whole number of tokens."""
+    raw = header if header is not None else field
+    if raw is None:
+        return None
+    try:
+        budget = int(raw)
+    except (TypeError, ValueError):
+        budget = 0
+    if budget <= 0 or isinstance(raw, (bool, float)):
+        raise InputError(f"the context budget must be a positive number of tokens, not {raw!r}")
+    return budget
 
 
 def outgoing(

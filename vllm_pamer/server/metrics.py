@@ -10,6 +10,12 @@ PROMPT_TOKENS_REMOVED = Counter(
 )
 TOKENS_INSERTED = Counter("vllm_pamer_tokens_inserted", "Tokens of recalled memory text inserted into requests")
 
+COMPACTIONS = Counter("vllm_pamer_compactions", "Compactions, by policy and by why they fired", ["policy", "trigger"])
+CACHE_BREAK_TOKENS = Counter(
+    "vllm_pamer_cache_break_tokens",
+    "Prefix-cached tokens after the prompt's prefix that compactions made the engine compute again",
+)
+
 INTERNAL_PROMPT_TOKENS = Counter(
     "vllm_pamer_internal_prompt_tokens",
     "Prompt tokens of the plugin's own engine requests (summaries, embeddings, selectors, recalls)",

@@ -38,7 +38,10 @@ class PamerReport(msgspec.Struct):
     detail: str = ""
     recalled: list[int] | None = None
     """Ids of the memories shown, in order (None: this request recalled nothing)."""
-    messages_sent: list[dict] | None = None
+    schedule: dict[str, Any] | None = None
+    """What the compaction schedule saw and did: budget, band, sent tokens,
+    trigger, cache-break tokens, KV usage (None: the policy has no schedule)."""
+    messages_sent: list[dict[str, Any]] | None = None
     """The rewritten messages, only when asked for (``X-Pamer-Echo: 1`` or
     ``"pamer_echo": true``): what the policy sent, before tools-as-text rendering."""
 
@@ -91,7 +94,12 @@ async def with_report(result: Any, report: Callable[[], Awaitable[dict[str, Any]
         last_id = None
         async for chunk in result:
             if chunk.startswith("data: [DONE]"):
-                final = {"id": last_id, "object": "chat.completion.chunk", "choices": [], "pamer": await report()}
+                final: dict[str, Any] = {
+                    "id": last_id,
+                    "object": "chat.completion.chunk",
+                    "choices": [],
+                    "pamer": await report(),
+                }
                 yield f"data: {json.dumps(final)}\n\n"
             elif last_id is None and chunk.startswith("data: {"):
                 try:

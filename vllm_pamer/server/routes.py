@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
@@ -59,6 +60,7 @@ async def _serve_chat(body: dict[str, Any], raw_request: Request) -> Response:
         session.state() if session else None,
         chat.tools_in,
         chat.prompt_tokens_in,
+        chat.context_budget,
     )
     report = PamerReport(
         session_id=chat.session_id,
@@ -68,9 +70,15 @@ async def _serve_chat(body: dict[str, Any], raw_request: Request) -> Response:
         recalled=list(outcome.recalled) if outcome.recalled is not None else None,
         messages_sent=outcome.messages if chat.echo else None,
         prompt_tokens_in=chat.prompt_tokens_in,
+        schedule=msgspec.to_builtins(outcome.schedule) if outcome.schedule is not None else None,
     )
     metrics.REQUESTS.labels(chat.policy.name, metrics.action_label(outcome.action)).inc()
     metrics.TOKENS_INSERTED.inc(outcome.tokens_inserted)
+    if outcome.schedule is not None and outcome.schedule.trigger is not None:
+        metrics.COMPACTIONS.labels(chat.policy.name, outcome.schedule.trigger).inc()
+        metrics.CACHE_BREAK_TOKENS.inc(outcome.schedule.cache_break_tokens)
+    if session is not None and outcome.schedule is not None:
+        session.last_schedule = msgspec.to_builtins(outcome.schedule)
     try:
         request, capture_key = outgoing(chat, outcome, state, report)
     except InputError as exc:
@@ -119,7 +127,7 @@ async def session_info(session_id: str, raw_request: Request) -> Response:
     loaded = await state.store.load(session_id)
     if session is None and not loaded.memories:
         return error_response(404, f"no session {session_id!r}", "NotFoundError")
-    content = session.summary() if session is not None else {"session_id": session_id}
+    content: dict[str, Any] = session.summary() if session is not None else {"session_id": session_id}
     content["memories"] = [m.public() for m in loaded.memories]
     content["events"] = await state.store.events(session_id)
     return JSONResponse(content=content)

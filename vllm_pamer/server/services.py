@@ -14,13 +14,14 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from vllm_pamer.adapters.serving import internal_sampling_params
+from vllm_pamer.adapters.serving import internal_sampling_params, kv_cache_usage
 from vllm_pamer.channel import CAPTURE_KEY, SESSION_KEY, CaptureInbox
 from vllm_pamer.core.blocks import Message
 from vllm_pamer.core.policies.summary import summary_prompt
@@ -54,6 +55,7 @@ class VllmEngineServices:
         self.embedder = embedder
         self.embedder_name = embedder.name if embedder is not None else SERVED_STATE_EMBEDDER
         self.index = MemoryIndex()
+        self._kv: tuple[float, float | None] = (0.0, None)  # (when read, value)
 
     # -- token counts ------------------------------------------------------------
     def count_tokens(self, messages: Sequence[Message]) -> int:
@@ -117,6 +119,13 @@ class VllmEngineServices:
         if len(ids) > budget:
             raise RuntimeError(f"{kind} prompt of {len(ids)} tokens does not fit the window")
         return await self._generate(ids, max_tokens, kind, json_schema)
+
+    def kv_usage(self) -> float | None:
+        """vLLM's KV-cache usage, read at most once a second (it changes by steps)."""
+        now = time.monotonic()
+        if now - self._kv[0] > 1.0:
+            self._kv = (now, kv_cache_usage())
+        return self._kv[1]
 
     def top_k(self, session: str, query: np.ndarray, memories: Sequence[Memory], k: int) -> list[Memory]:
         return self.index.top_k(session, query, memories, k)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -28,6 +29,8 @@ class SessionState(msgspec.Struct):
     last_seen: float = 0.0
     last_state: bytes | None = None
     """Final-norm state of the last captured prefill (float32), for retrieval."""
+    last_schedule: dict[str, Any] | None = None
+    """The compaction schedule's report of the session's last request."""
 
     def record_capture(self, record: CaptureRecord) -> None:
         self.captures += 1
@@ -43,7 +46,8 @@ class SessionState(msgspec.Struct):
         """The last captured state as a float32 vector (None: none captured)."""
         return None if self.last_state is None else np.frombuffer(self.last_state, dtype="<f4")
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
+        state = self.state()
         return {
             "session_id": self.session_id,
             "requests": self.requests,
@@ -51,7 +55,8 @@ class SessionState(msgspec.Struct):
             "last_action": self.last_action,
             "last_prompt_tokens": self.last_prompt_tokens,
             "last_vote": None if self.last_vote is None else msgspec.to_builtins(self.last_vote),
-            "last_state_norm": None if self.last_state is None else float(np.linalg.norm(self.state())),
+            "last_state_norm": None if state is None else float(np.linalg.norm(state)),
+            "last_schedule": self.last_schedule,
         }
 
 

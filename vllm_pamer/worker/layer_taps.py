@@ -149,7 +149,7 @@ class LayerTaps:
                 )
                 self._warned = True
             return
-        for req_id, start, n_rows, completes in self._segments:
+        for req_id, start, n_rows, completes in self._segments or ():
             pending = self._pending.get(req_id)
             if pending is None:
                 pending = self._pending[req_id] = _Pending(len(self.names), hidden.shape[1], hidden.device)

@@ -31,7 +31,7 @@ class _CaptureMixin:
                 model_config.hf_config, model_name=str(model_config.served_model_name or model_config.model)
             )
             self._pamer_capture = init_worker_capture(fingerprint, vllm_config.device_config.device)
-            self._pamer_capture.attach_model(self)  # type: ignore[arg-type]
+            self._pamer_capture.attach_model(self)
             install_runner_hook()
 
     def compute_logits(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:

@@ -46,6 +46,23 @@ def internal_sampling_params(
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, structured_outputs=structured, extra_args=extra_args)
 
 
+KV_USAGE_METRIC = "vllm:kv_cache_usage_perc"
+"""vLLM's gauge of the KV cache in use (0-1), set per engine step by its
+Prometheus stat logger in the API-server process (``v1/metrics/loggers.py``)."""
+
+
+def kv_cache_usage() -> float | None:
+    """The highest KV-cache usage any engine last reported; None before the
+    first report or without vLLM's Prometheus logger."""
+    from prometheus_client import REGISTRY
+
+    collector = getattr(REGISTRY, "_names_to_collectors", {}).get(KV_USAGE_METRIC)
+    if collector is None:
+        return None
+    values = [sample.value for metric in collector.collect() for sample in metric.samples]
+    return max(values) if values else None
+
+
 def is_error(result: Any) -> bool:
     """Whether a chat handler's result is vLLM's error response."""
     return isinstance(result, ErrorResponse)
@@ -57,6 +74,7 @@ __all__ = [
     "ErrorResponse",
     "internal_sampling_params",
     "is_error",
+    "kv_cache_usage",
     "template_tools",
     "validate_chat_request",
     "with_cancellation",

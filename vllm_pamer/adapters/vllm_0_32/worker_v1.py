@@ -78,4 +78,4 @@ def install_runner_hook() -> None:
             capture.end_step()
 
     setattr(execute_model, _HOOK_FLAG, True)
-    GPUModelRunner.execute_model = execute_model  # type: ignore[method-assign]
+    GPUModelRunner.execute_model = execute_model

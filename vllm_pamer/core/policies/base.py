@@ -14,8 +14,9 @@ from typing import Any, ClassVar
 import msgspec
 import numpy as np
 
-from vllm_pamer.core.blocks import Conversation, Message
+from vllm_pamer.core.blocks import Conversation, Message, Tool
 from vllm_pamer.core.engine import EngineServices
+from vllm_pamer.core.schedule import ScheduleReport
 from vllm_pamer.core.store import MemoryStore
 
 
@@ -48,13 +49,15 @@ class PolicyRequest(msgspec.Struct, frozen=True):
     previous_state: np.ndarray | None = None
     """The served model's final-norm state captured at this session's previous
     request (float32 vector; None when none was captured)."""
-    tools: list[dict] | None = None
+    tools: list[Tool] | None = None
     """The request's ``tools`` (templates that support them render them into
     the prompt, so they count toward the window)."""
     prompt_tokens: int | None = None
     """Prompt tokens of the request as received (messages and tools, as the
     engine counts them), counted by the server off its event loop; None when
     unknown. Any subset of its messages counts no more."""
+    context_budget: int | None = None
+    """The request's own context budget in tokens (``X-Pamer-Context-Budget``); None: the policy's."""
 
 
 class PolicyDecision(msgspec.Struct, frozen=True):
@@ -64,13 +67,15 @@ class PolicyDecision(msgspec.Struct, frozen=True):
     detail: str = ""
     tokens_inserted: int = 0
     """Tokens of text the policy added (recalled memories), for metrics."""
-    extra_tools: tuple[dict, ...] = ()
+    extra_tools: tuple[Tool, ...] = ()
     """Tools the server adds to the request and resolves itself through
     ``MemoryPolicy.resolve_tool_call`` (SAM's ``memory`` tool); the client
     never sees their calls."""
     recalled: tuple[int, ...] | None = None
     """Ids of the memories shown, in the order shown (None: no recall), so
     clients can see how stable recall is between requests."""
+    schedule: ScheduleReport | None = None
+    """What a compaction schedule saw and did (None: the policy has none)."""
 
 
 class PolicyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -80,7 +85,8 @@ class PolicyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class MemoryPolicy(ABC):
     """Base class of every memory policy."""
 
-    name: ClassVar[str]
+    name: str
+    """Registry name (a variant instance carries its own)."""
     config_cls: ClassVar[type[PolicyConfig]] = PolicyConfig
     requires_heads: ClassVar[bool] = False
     """True when the policy cannot decide without trained heads for the model."""
@@ -103,7 +109,7 @@ class MemoryPolicy(ABC):
         tool message's content. Errors the model can fix are returned as text."""
         raise NotImplementedError(f"policy {self.name!r} has no tools")
 
-    async def on_vote(self, session_id: str, vote: HeadVote, context: PolicyContext) -> None:
+    async def on_vote(self, session_id: str, vote: HeadVote, context: PolicyContext) -> None:  # noqa: B027 - optional hook
         """Called when the vote of a session's request arrives (at its prefill,
         before the response ends). Must return quickly; default: nothing."""
 

@@ -112,6 +112,7 @@ class DiscardTool(MemoryPolicy):
 
     name = "discard_tool"
     config_cls = DiscardToolConfig
+    config: DiscardToolConfig
 
     async def rewrite(self, request: PolicyRequest) -> PolicyDecision:
         conversation = request.conversation

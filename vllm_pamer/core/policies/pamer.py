@@ -24,7 +24,7 @@ import msgspec
 import numpy as np
 from cachetools import LRUCache
 
-from vllm_pamer.core.blocks import Block, Message
+from vllm_pamer.core.blocks import Block, Message, Tool
 from vllm_pamer.core.engine import EngineServices
 from vllm_pamer.core.policies.base import (
     HeadVote,
@@ -34,9 +34,10 @@ from vllm_pamer.core.policies.base import (
     PolicyRequest,
     register_policy,
 )
+from vllm_pamer.core.policies.compaction import BudgetSchedule
+from vllm_pamer.core.policies.pamer_config import PamerConfig
 from vllm_pamer.core.policies.summary import (
     StepFailure,
-    SummaryConfig,
     memory_message,
     step_details,
     summary_instruction,
@@ -50,55 +51,6 @@ from vllm_pamer.core.view import ContextView, context_view, flatten
 
 MAX_TRACKED_SESSIONS = 10_000
 """Per-session state a policy keeps in memory (LRU beyond this)."""
-
-
-class PamerConfig(SummaryConfig, frozen=True):
-    """Controller settings; defaults are the PaMER paper's Table 14."""
-
-    min_candidate_tokens: int = 1024
-    """Compression gate: tokens(O) must reach this."""
-    top_k: int = 3
-    """Memories recalled per request."""
-    embed_timeout_s: float = 30.0
-    """Time limit of one embedding attempt."""
-    embed_attempts: int = 8
-    """Attempts before an embedding counts as failed."""
-    query_chars: int = 30_000
-    """Recall query: task + R, limited to its final characters."""
-    query_source: str = "captured"
-    """``captured`` (the deferred retrieval of the in-engine design; beyond the
-    paper): the state the engine captured at the end of the session's previous
-    prompt, which costs no request (benchmarks/retrieval.py compares the two);
-    falls back to ``text`` when no state was captured or the memories come from
-    another embedder. ``text``: the paper's recall query, task + R embedded by
-    an internal request."""
-    stable_recall: bool = True
-    """Keep the memories recalled at the session's previous request unless a
-    new one beats the weakest of them by ``recall_margin`` (cosine): the
-    inserted text then stays identical between requests and vLLM's prefix
-    cache keeps the prompt up to it (beyond the paper; its Prop. C.2 margin)."""
-    recall_margin: float = 0.05
-    """Cosine margin a new memory must win by to replace a recalled one."""
-    window_guard: bool = True
-    """Compress without waiting for the vote when the request as sent does not
-    fit the served model's window (beyond the paper, whose probe reads up to
-    35,000 tokens beside the agent). Here the vote comes from the served
-    model's own prefill, which a request longer than the window never gets:
-    without the guard the server refuses it, and every later request of the
-    session, since the history only grows. The compression is the same
-    transaction: if it fails the request goes through unchanged."""
-    summarize_ahead: bool = False
-    """Overlap mode: when request t's vote says compress (known at its prefill),
-    start summarizing the blocks that will be old at request t+1 while the agent
-    runs its tools; request t+1 commits that summary if it covers its old
-    blocks. Off: the paper's synchronous mode (summary written inside t+1)."""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.query_source not in ("text", "captured"):
-            raise ValueError(f"query_source must be 'text' or 'captured', not {self.query_source!r}")
-        if self.top_k < 1:
-            raise ValueError("top_k must be >= 1")
 
 
 class _AheadSummary(msgspec.Struct):
@@ -132,11 +84,12 @@ class Pamer(MemoryPolicy):
         self._ahead = _AheadCache(MAX_TRACKED_SESSIONS)
         self._last_recall: LRUCache[str, list[int]] = LRUCache(MAX_TRACKED_SESSIONS)  # stable_recall
         self._shown: LRUCache[str, list[Memory]] = LRUCache(MAX_TRACKED_SESSIONS)  # what the last request showed
+        self._budget = BudgetSchedule(self)  # schedule="budget"
 
     async def on_vote(self, session_id: str, vote: HeadVote, context: PolicyContext) -> None:
         cfg = self.config
         candidate = self._next_old.pop(session_id, None)
-        if not cfg.summarize_ahead or not vote.compress_vote or candidate is None:
+        if cfg.schedule != "paper" or not cfg.summarize_ahead or not vote.compress_vote or candidate is None:
             return
         blocks, tokens = candidate
         if tokens < cfg.min_candidate_tokens:
@@ -148,7 +101,7 @@ class Pamer(MemoryPolicy):
                 return
             running.task.cancel()  # stale: the session moved on
         await context.store.log_event(session_id, "summary_ahead_started", {"blocks": len(blocks), "tokens": tokens})
-        task = asyncio.get_running_loop().create_task(self._summarize_and_embed(blocks, context.services))
+        task = asyncio.get_running_loop().create_task(self.summarize_and_embed(blocks, context.services))
         task.add_done_callback(lambda t: t.cancelled() or t.exception())  # never "exception never retrieved"
         self._ahead[session_id] = _AheadSummary(blocks, task)
 
@@ -164,6 +117,8 @@ class Pamer(MemoryPolicy):
         except StoreError as exc:
             return PolicyDecision(original, "fallback:storage_failure", str(exc))
         notes = [f"discarded {loaded.discarded} corrupt memories"] if loaded.discarded else []
+        if cfg.schedule == "budget":
+            return await self._budget.rewrite(request, context, loaded.memories, notes)
         shown = self._shown.pop(session, [])  # what the previous request showed
         view = context_view(request.conversation, loaded.memories, cfg.retained_blocks)
         if view.covered:
@@ -216,7 +171,7 @@ class Pamer(MemoryPolicy):
         notes: list[str],
     ) -> list[Memory]:
         cfg = self.config
-        query = self._captured_query(request, services, memories)
+        query = self.captured_query(request, services, memories)
         if query is None:
             query_text = serialize_messages(list(view.prefix[-1:]) + flatten(view.recent))[-cfg.query_chars :]
             query = await with_retries(
@@ -233,7 +188,7 @@ class Pamer(MemoryPolicy):
         return chosen
 
     def over_window(
-        self, services: EngineServices, messages: list[Message], tools: list[dict] | None, at_most: int | None = None
+        self, services: EngineServices, messages: list[Message], tools: list[Tool] | None, at_most: int | None = None
     ) -> bool:
         """``window_guard``: a request of these messages and tools would be
         refused (its prompt alone reaches the served window). ``at_most``: a
@@ -246,7 +201,7 @@ class Pamer(MemoryPolicy):
             return False
         return services.prompt_tokens(messages, tools) >= window
 
-    def _captured_query(
+    def captured_query(
         self, request: PolicyRequest, services: EngineServices, memories: list[Memory]
     ) -> np.ndarray | None:
         """The deferred query (``query_source="captured"``) when it can stand in
@@ -291,7 +246,7 @@ class Pamer(MemoryPolicy):
         ahead.task.cancel()
         return None
 
-    async def _summarize_and_embed(
+    async def summarize_and_embed(
         self,
         blocks: Sequence[Block],
         services: EngineServices,
@@ -344,7 +299,7 @@ class Pamer(MemoryPolicy):
         if result is None:
             await store.log_event(session, "compression_started", {"blocks": len(old), "old_tokens": old_tokens})
             try:
-                result = await self._summarize_and_embed(old, services, view.prefix, shown)
+                result = await self.summarize_and_embed(old, services, view.prefix, shown)
             except StepFailure as failure:
                 await store.log_event(session, failure.rule, {"error": failure.detail})
                 return PolicyDecision(original, f"fallback:{failure.rule}", failure.detail), old + recent

@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 from cachetools import LRUCache
 
 from vllm_pamer.core.blocks import Message
 from vllm_pamer.core.policies.base import PolicyContext, PolicyDecision, PolicyRequest, register_policy
-from vllm_pamer.core.policies.pamer import MAX_TRACKED_SESSIONS, Pamer, PamerConfig
+from vllm_pamer.core.policies.pamer import MAX_TRACKED_SESSIONS, Pamer
+from vllm_pamer.core.policies.pamer_config import PamerConfig
 from vllm_pamer.core.policies.summary import MEMORY_HEADER
 from vllm_pamer.core.retry import with_retries
 from vllm_pamer.core.selection import SelectionResult, StepSelection, validate_selection
@@ -30,8 +32,11 @@ from vllm_pamer.core.store import Memory
 from vllm_pamer.core.text import serialize_messages
 from vllm_pamer.core.view import context_view, flatten
 
+SelectionKey = tuple[tuple[int, ...], tuple[str, ...]]
+"""Sorted (summary ids, step ids): what a recall result is cached by."""
 
-def selection_schema(max_summaries: int, max_steps: int) -> dict:
+
+def selection_schema(max_summaries: int, max_steps: int) -> dict[str, Any]:
     """StepSelection's JSON schema, bounded: a small model under a loose
     schema can write until max_tokens and leave the JSON unfinished."""
     return {
@@ -54,6 +59,9 @@ _CITED = re.compile(r"\[step (\d+\.\d+)\]")
 
 
 class PamerPlusConfig(PamerConfig, frozen=True):
+    schedule: str = "paper"
+    """PaMER+ recalls step evidence on every recalling request (PaMER paper,
+    Algorithm 2), so it runs the paper's schedule (see ``PamerConfig``)."""
     selector_max_tokens: int = 192
     """Output limit of the selector's JSON answer."""
     max_selected_steps: int = 8
@@ -124,7 +132,9 @@ class PamerPlus(Pamer):
 
     def __init__(self, config: PamerPlusConfig | None = None) -> None:
         super().__init__(config)
-        self._cache: LRUCache[str, LRUCache[tuple, str]] = LRUCache(MAX_TRACKED_SESSIONS)
+        self._cache: LRUCache[str, LRUCache[tuple[tuple[int, ...], tuple[str, ...]], str]] = LRUCache(
+            MAX_TRACKED_SESSIONS
+        )
 
     async def rewrite(self, request: PolicyRequest) -> PolicyDecision:
         decision = await super().rewrite(request)

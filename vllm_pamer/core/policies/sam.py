@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from vllm_pamer.core.blocks import Block, Message
+from vllm_pamer.core.blocks import Block, Message, Tool
 from vllm_pamer.core.policies.base import (
     MemoryPolicy,
     PolicyConfig,
@@ -65,7 +65,7 @@ class SamConfig(PolicyConfig, frozen=True):
     """Attempts of one cue or recall call."""
 
 
-def memory_tool(max_pages: int) -> dict:
+def memory_tool(max_pages: int) -> Tool:
     return {
         "type": "function",
         "function": {
@@ -157,9 +157,10 @@ class Sam(MemoryPolicy):
         if candidates and services.count_tokens(view.messages()) >= trigger:
             sizes = [services.count_tokens(list(b.messages)) for b in candidates]
             for page in paginate(candidates, sizes, cfg.page_tokens):
+                prompt = cue_prompt(flatten(page))
                 try:
                     cue = await with_retries(
-                        lambda page=page: services.complete(cue_prompt(flatten(page)), cfg.cue_max_tokens, kind="cue"),
+                        lambda: services.complete(prompt, cfg.cue_max_tokens, kind="cue"),  # noqa: B023 - awaited here
                         cfg.call_timeout_s,
                         cfg.call_attempts,
                         "cue",

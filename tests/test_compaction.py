@@ -1,0 +1,227 @@
+"""PaMER's budget schedule (core/schedule.py, core/policies/compaction.py) and
+the verbatim record (core/record.py), on a real SQLite store with the
+deterministic engine of tests/fakes.py (4 characters a token). The cache hits
+it buys on the real server: tests/e2e/test_pamer_serve.py."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.fakes import COMPRESS, KEEP, FakeEngine, blocking, conversation
+from vllm_pamer.core.blocks import protocol_issues, split_conversation
+from vllm_pamer.core.pipeline import rewrite_request
+from vllm_pamer.core.policies import PolicyContext, create_policy
+from vllm_pamer.core.policies.summary import MEMORY_HEADER
+from vllm_pamer.core.record import RECORD_HEADER, relevance, step_record
+from vllm_pamer.core.schedule import archive_count, budget_for, kv_scale, trigger
+from vllm_pamer.stores.sqlite import SqliteStore
+
+# conversation(n) is about 32 + 231 n tokens here; the budget below puts the band at 1,500-2,000
+BUDGET = {"context_budget": 2000, "record_share": 0.2, "memory_share": 0.35}
+
+
+@pytest.fixture
+def store(tmp_path):
+    return SqliteStore(tmp_path / "memory.sqlite3", model_fingerprint="test")
+
+
+class Session:
+    """One agent session against PaMER's budget schedule, sending the server's
+    count of each request as received, as the endpoint does."""
+
+    def __init__(self, store, services=None, **options):
+        self.policy = create_policy("pamer", {**BUDGET, **options})
+        self.services = services or FakeEngine(window=8192)
+        self.context = PolicyContext(store, self.services)
+
+    def send(self, messages, vote=KEEP, session="s1", **kwargs):
+        tokens = self.services.count_tokens(messages)
+        return asyncio.run(
+            rewrite_request(messages, session, self.policy, vote, self.context, prompt_tokens=tokens, **kwargs)
+        )
+
+
+# -- the schedule, pure ------------------------------------------------------------------
+
+
+class Settings:
+    context_budget, budget_share, band_share, target_share = 0, 0.75, 0.25, 0.5
+    kv_pressure, kv_low, kv_high, kv_min_scale = True, 0.5, 0.9, 0.5
+
+
+def test_budget_band_and_target_follow_window_request_and_kv():
+    default = budget_for(Settings, 8192, None, None)
+    assert (default.budget, default.band_low, default.target) == (6144, 4608, 3072)
+    assert budget_for(Settings, 8192, 4000, None).budget == 4000  # the request's own budget
+    assert budget_for(Settings, 8192, 100_000, None).budget == 8192  # never beyond the window
+    assert kv_scale(Settings, 0.3) == 1.0 and kv_scale(Settings, 0.95) == 0.5 and kv_scale(Settings, 0.7) == 0.75
+    scarce = budget_for(Settings, 8192, None, 0.95)
+    assert (scarce.budget, scarce.base) == (3072, 6144)
+
+
+def test_trigger_never_below_the_band_vote_inside_forced_at_the_top():
+    budget = budget_for(Settings, 8192, None, None)
+    assert trigger(budget, 4000, True, True) is None  # below the band, whatever the vote
+    assert trigger(budget, 5000, True, False) is None and trigger(budget, 5000, True, None) is None
+    assert trigger(budget, 5000, True, True) == "vote"
+    assert trigger(budget, 6144, True, False) == "top_of_band"
+    assert trigger(budget, 3000, False, False) == "window"
+    scarce = budget_for(Settings, 8192, None, 0.95)
+    assert trigger(scarce, 3500, True, False) == "kv_pressure"  # only because the KV cache is full
+
+
+def test_archive_count_reaches_the_target_and_keeps_the_recent_blocks():
+    assert archive_count([100] * 10, 200, 700, keep_recent=2) == 5  # 200 + 5 x 100 <= 700
+    assert archive_count([100] * 10, 200, 0, keep_recent=2) == 8  # never the last 2
+    assert archive_count([100] * 3, 0, 10_000, keep_recent=2) == 1  # at least one when any may go
+    assert archive_count([100] * 2, 0, 0, keep_recent=2) == 0
+
+
+def test_settings_are_checked():
+    with pytest.raises(ValueError, match="target_share"):
+        create_policy("pamer", {"target_share": 0.8})  # inside the band
+    with pytest.raises(ValueError, match="schedule"):
+        create_policy("pamer", {"schedule": "eager"})
+
+
+# -- the policy --------------------------------------------------------------------------------
+
+
+def test_no_compaction_below_the_band_even_on_a_compress_vote(store):
+    session = Session(store)
+    for n in range(1, 6):  # up to ~1,190 tokens: below the band (1,500)
+        out = session.send(conversation(n), vote=COMPRESS)
+        assert out.action == "none" and out.schedule.trigger is None and out.schedule.band_low == 1500
+    assert blocking(store).load("s1").memories == []
+
+
+def test_inside_the_band_the_vote_decides(store):
+    session = Session(store)
+    keep = session.send(conversation(7))  # ~1,650 tokens: inside the band
+    assert keep.action == "none" and keep.schedule.trigger is None
+    compress = session.send(conversation(7), vote=COMPRESS)
+    assert compress.action == "compressed" and compress.schedule.trigger == "vote"
+    assert compress.schedule.sent_tokens >= 1500
+    assert session.services.count_tokens(compress.messages) <= compress.schedule.target  # far below the band
+    assert protocol_issues(compress.messages) == [] and compress.messages[:2] == conversation(7)[:2]
+    assert compress.schedule.cache_break_tokens > 0
+
+
+def test_at_the_top_of_the_band_it_compacts_whatever_the_vote(store):
+    out = Session(store).send(conversation(9), vote=KEEP)  # ~2,100 tokens
+    assert out.action == "compressed" and out.schedule.trigger == "top_of_band"
+    [event] = [e for e in blocking(store).events("s1") if e["kind"] == "compressed"]
+    assert event["detail"]["trigger"] == "top_of_band" and event["detail"]["cache_break_tokens"] > 0
+
+
+def test_a_request_longer_than_the_window_compacts(store):
+    out = Session(store, FakeEngine(window=1200), context_budget=0).send(conversation(6), vote=None)
+    assert out.action == "compressed" and out.schedule.trigger == "window"
+
+
+def test_kv_pressure_compacts_earlier(store):
+    roomy = Session(store, FakeEngine(window=8192, kv_usage=0.2)).send(conversation(5), session="roomy")
+    scarce = Session(store, FakeEngine(window=8192, kv_usage=0.95)).send(conversation(5), session="scarce")
+    assert roomy.action == "none" and roomy.schedule.budget == 2000
+    assert scarce.action == "compressed" and scarce.schedule.trigger == "kv_pressure"
+    assert scarce.schedule.budget == 1000 and scarce.schedule.kv_usage == 0.95
+
+
+def test_a_request_sets_its_own_budget(store):
+    session = Session(store)
+    assert session.send(conversation(5), context_budget=1000).schedule.trigger == "top_of_band"
+    assert session.send(conversation(5), session="s2").action == "none"
+
+
+def test_between_compactions_what_is_sent_only_grows_and_the_memory_text_stays(store):
+    session = Session(store)
+    sent = []
+    for n in range(2, 20):
+        out = session.send(conversation(n), vote=COMPRESS if n % 3 == 0 else KEEP)
+        assert not out.is_fallback and protocol_issues(out.messages) == []
+        sent.append((out.action, out.messages))
+    compactions = [i for i, (action, _) in enumerate(sent) if action == "compressed"]
+    assert len(compactions) >= 2
+    for i in range(len(sent) - 1):
+        if i + 1 in compactions:
+            continue
+        now, later = sent[i][1], sent[i + 1][1]
+        assert later[: len(now)] == now, f"request {i + 1} does not extend request {i}"
+    memory_messages = {str(m["content"]) for _, ms in sent[compactions[0] : compactions[1]] for m in ms[2:3]}
+    assert len(memory_messages) == 1 and next(iter(memory_messages)).startswith(MEMORY_HEADER)
+
+
+def test_no_token_count_between_compactions(store):
+    session = Session(store)
+    session.send(conversation(9))  # compacts
+    counted = len(session.services.counted)
+    for n in range(10, 13):
+        assert session.send(conversation(n)).action == "recalled"
+    assert len(session.services.counted) == counted  # the server's count less a fixed offset
+
+
+def test_the_memory_keeps_exact_values_of_the_archived_steps(store):
+    messages = conversation(9)
+    messages.insert(4, {"role": "user", "content": "Correction: use reservation ZQ8V1X, not the old one."})
+    out = Session(store).send(messages)
+    assert out.action == "compressed"
+    [memory] = blocking(store).load("s1").memories
+    text = memory.summary
+    assert RECORD_HEADER in text
+    assert 'called lookup({"k": "ID0"})' in text  # calls with their exact arguments
+    assert "user: Correction: use reservation ZQ8V1X, not the old one." in text  # user turns verbatim
+    archived = len(memory.covered_block_ids)
+    assert all(f"ID{i} " in text for i in range(archived))  # every result's beginning
+    shown = out.messages[2]["content"]
+    assert shown.startswith(MEMORY_HEADER) and "ZQ8V1X" in shown
+
+
+def test_a_failed_summary_removes_and_stores_nothing(store):
+    services = FakeEngine(window=8192, summary_error=RuntimeError("engine down"))
+    messages = conversation(9)
+    out = Session(store, services, summary_attempts=1).send(messages)
+    assert out.action == "fallback:summary_failure" and out.messages == messages
+    assert blocking(store).load("s1").memories == []
+
+
+def test_after_a_restart_the_same_memories_are_shown(store):
+    first = Session(store)
+    first.send(conversation(9))
+    before = first.send(conversation(10))
+    again = Session(store).send(conversation(10))  # a new policy instance: the server restarted
+    assert before.action == again.action == "recalled"
+    assert again.messages == before.messages
+
+
+# -- the record ----------------------------------------------------------------------------------
+
+
+def test_the_record_respects_its_budget_and_cuts_the_least_alike_first():
+    blocks = list(split_conversation(conversation(6, chars=2000)).blocks)
+    current = list(split_conversation(conversation(7, chars=50)).blocks)[-1:]  # mentions ID6 only
+    full = step_record(blocks, current, 1_000_000)
+    for budget in (4000, 1500, 600, 200):
+        record = step_record(blocks, current, budget)
+        assert len(record) <= max(budget, len(RECORD_HEADER) + 40), budget
+        assert record.startswith(RECORD_HEADER)
+    assert len(step_record(blocks, current, 4000)) < len(full)
+    tight = step_record(blocks, current, 1500)
+    assert "called lookup" in tight  # calls outlive results
+
+
+def test_relevance_prefers_blocks_like_the_current_work():
+    blocks = list(split_conversation(conversation(3, chars=10)).blocks)
+    scores = relevance(blocks, blocks[1:2])
+    assert scores[1] == max(scores) and scores[1] > 0
+
+
+def test_a_vote_inside_the_band_waits_for_a_large_step(store):
+    """Right after a compaction the request may sit inside the band with
+    little old history: a vote then would recompute the cache for a small gain."""
+    task = {"role": "user", "content": "context " * 800}  # ~1,600 tokens of task
+    messages = conversation(0) + [task] + conversation(3, chars=300)[2:]  # three small blocks after it
+    out = Session(store).send(messages, vote=COMPRESS)
+    assert out.schedule.sent_tokens >= out.schedule.band_low
+    assert out.action == "none" and "too little old history" in out.detail

@@ -1,0 +1,308 @@
+"""PaMER's budget schedule (``schedule="budget"``): compactions that keep
+vLLM's prefix cache.
+
+Per request of a session, with C_eff = P + the live blocks:
+
+1. the memories shown are the ones chosen at the session's last compaction,
+   so the memory text E after the prefix stays the same between compactions
+   and what is sent, P + E + live blocks, only grows at its end;
+2. the request's size is the server's count of it as received minus a fixed
+   offset (what C_eff removes, less E), worked out once per compaction, so no
+   request between compactions is counted again;
+3. ``core/schedule.py`` decides whether to compact now; a compaction archives
+   the oldest live blocks down to the target: a summary written from the
+   prefix-cached conversation, plus a verbatim record of the archived steps
+   (``core/record.py``), stored with the raw blocks in one transaction before
+   they leave the request; then it chooses the memories to show until the
+   next compaction (the newest, and the ones closest to the captured state,
+   within the memory budget).
+
+Any failure sends the original request; nothing is removed before it is stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import msgspec
+import numpy as np
+from cachetools import LRUCache
+
+from vllm_pamer.core.blocks import Block, Message
+from vllm_pamer.core.engine import EngineServices
+from vllm_pamer.core.policies.base import PolicyContext, PolicyDecision, PolicyRequest
+from vllm_pamer.core.policies.summary import StepFailure, memory_message, step_details
+from vllm_pamer.core.recall import cosine_scores
+from vllm_pamer.core.record import step_record
+from vllm_pamer.core.schedule import (
+    Budget,
+    ScheduleReport,
+    ScheduleSettings,
+    Trigger,
+    archive_count,
+    budget_for,
+    trigger,
+)
+from vllm_pamer.core.store import Memory, MemoryStore
+from vllm_pamer.core.view import ContextView, context_view, flatten
+
+TRACKED = 10_000
+"""Sessions (and blocks) whose counts and shown memories are kept (LRU)."""
+CHARS_PER_TOKEN = 3.5
+"""Characters a token, where a budget in tokens must become one in characters
+before anything is counted (the memory text after a restart)."""
+
+
+class CompactionSettings(ScheduleSettings, Protocol):
+    @property
+    def retained_blocks(self) -> int: ...
+
+    @property
+    def top_k(self) -> int: ...
+
+    @property
+    def summary_max_tokens(self) -> int: ...
+
+    @property
+    def record_share(self) -> float: ...
+
+    @property
+    def memory_share(self) -> float: ...
+
+
+class CompactionHost(Protocol):
+    """What the schedule needs of the policy that owns it (``Pamer``)."""
+
+    @property
+    def config(self) -> CompactionSettings: ...
+
+    async def summarize_and_embed(
+        self,
+        blocks: Sequence[Block],
+        services: EngineServices,
+        prefix: Sequence[Message] | None = None,
+        shown: Sequence[Memory] = (),
+    ) -> tuple[str, np.ndarray]: ...
+
+    def captured_query(
+        self, request: PolicyRequest, services: EngineServices, memories: list[Memory]
+    ) -> np.ndarray | None: ...
+
+
+class _Offset(msgspec.Struct, frozen=True):
+    """sent tokens = the request's tokens as received - ``tokens``, while the
+    covered blocks and the memories shown are these."""
+
+    covered: int
+    shown: tuple[int, ...]
+    tokens: int
+
+
+class BudgetSchedule:
+    def __init__(self, host: CompactionHost) -> None:
+        self.host = host
+        self._shown: LRUCache[str, tuple[int, ...]] = LRUCache(TRACKED)
+        self._offset: LRUCache[str, _Offset] = LRUCache(TRACKED)
+        self._tokens: LRUCache[str, int] = LRUCache(10 * TRACKED)  # by block id / text
+
+    # -- counts -------------------------------------------------------------------
+    def _count(self, key: str, messages: list[Message], services: EngineServices) -> int:
+        if key not in self._tokens:
+            self._tokens[key] = services.count_tokens(messages)
+        return self._tokens[key]
+
+    def _sent_tokens(
+        self,
+        request: PolicyRequest,
+        view: ContextView,
+        shown: tuple[int, ...],
+        sent: list[Message],
+        services: EngineServices,
+    ) -> int:
+        received = request.prompt_tokens
+        if received is not None and not view.covered and not shown:
+            return received  # C_eff is the request itself
+        offset = self._offset.get(request.session_id)
+        if received is not None and offset is not None and (offset.covered, offset.shown) == (view.covered, shown):
+            return received - offset.tokens
+        tokens = services.prompt_tokens(sent, request.tools)
+        if received is not None:
+            self._offset[request.session_id] = _Offset(view.covered, shown, received - tokens)
+        return tokens
+
+    # -- the memories shown ---------------------------------------------------------
+    async def _shown_ids(
+        self, session: str, searchable: list[Memory], store: MemoryStore, budget_chars: int
+    ) -> tuple[int, ...]:
+        """The memories chosen at the last compaction; after a restart, the
+        ones its event named, else the newest that fit."""
+        by_id = {m.id for m in searchable}
+        ids = self._shown.get(session)
+        if ids is None and searchable:
+            events = await store.events(session, limit=50)
+            logged = [e["detail"].get("shown") for e in events if e["kind"] == "compressed"]
+            ids = tuple(logged[-1]) if logged and logged[-1] is not None else None
+        if ids is None or any(i not in by_id for i in ids):
+            ids = tuple(m.id for m in self._choose(searchable, None, budget_chars))
+        self._shown[session] = ids
+        return ids
+
+    def _choose(self, memories: Sequence[Memory], query: np.ndarray | None, budget_chars: int) -> list[Memory]:
+        """Up to ``top_k`` memories within ``budget_chars`` of text: the newest
+        first, then by cosine to ``query`` (or newest first without one)."""
+        if not memories:
+            return []
+        newest = max(memories, key=lambda m: m.id)
+        scores = cosine_scores(query, memories) if query is not None else {}
+        rest = sorted((m for m in memories if m.id != newest.id), key=lambda m: (-scores.get(m.id, 0.0), -m.id))
+        chosen: list[Memory] = []
+        used = 0
+        for memory in [newest, *rest]:
+            if len(chosen) == self.host.config.top_k:
+                break
+            if chosen and used + len(memory.summary) > budget_chars:
+                continue
+            chosen.append(memory)
+            used += len(memory.summary)
+        return sorted(chosen, key=lambda m: m.id)
+
+    # -- one request ------------------------------------------------------------------
+    async def rewrite(
+        self, request: PolicyRequest, context: PolicyContext, memories: list[Memory], notes: list[str]
+    ) -> PolicyDecision:
+        cfg = self.host.config
+        store, services, session = context.store, context.services, request.session_id
+        original = request.conversation.messages()
+        view = context_view(request.conversation, memories, cfg.retained_blocks)
+        if view.covered:
+            notes.append(f"{view.covered} blocks already in memory")
+        kv = services.kv_usage()
+        budget = budget_for(cfg, services.max_model_len, request.context_budget, kv)
+        # Memories of another embedder still cover their blocks but are not shown.
+        searchable = [m for m in memories if m.embedder == services.embedder_name]
+        memory_chars = int(cfg.memory_share * budget.budget * CHARS_PER_TOKEN)
+        shown_ids = await self._shown_ids(session, searchable, store, memory_chars)
+        by_id = {m.id: m for m in searchable}
+        shown = [by_id[i] for i in shown_ids]
+        inserted = [memory_message(shown)] if shown else []
+        sent = list(view.prefix) + inserted + flatten(view.live)
+        sent_tokens = self._sent_tokens(request, view, shown_ids, sent, services)
+        fits = not services.max_model_len or sent_tokens < services.max_model_len
+        vote = request.previous_vote
+        why = trigger(budget, sent_tokens, fits, vote.compress_vote if vote is not None else None)
+        if why == "vote" and self._archivable(view, services) < budget.budget - budget.band_low:
+            # a vote inside the band compacts in large steps only: at least a band's worth goes
+            why = None
+            notes.append("vote to compress: too little old history yet for a large step")
+        report = ScheduleReport(budget.budget, budget.band_low, budget.target, sent_tokens, kv_usage=kv)
+        if why is None and vote is None and sent_tokens >= budget.band_low:
+            notes.append("no vote captured (probe failure): no compaction inside the band")
+            await store.log_event(session, "probe_missing", {"sent_tokens": sent_tokens})
+        if why is not None and len(view.live) > cfg.retained_blocks:
+            return await self._compact(request, context, view, shown, budget, why, report, searchable, notes)
+        if not view.covered and not shown:
+            return PolicyDecision(original, "none", "; ".join(notes), schedule=report)
+        key = "memory-text:" + ",".join(map(str, shown_ids))
+        inserted_tokens = self._count(key, inserted, services) if inserted else 0
+        return PolicyDecision(
+            sent,
+            "recalled" if shown else "rewritten",
+            "; ".join(notes),
+            inserted_tokens,
+            recalled=shown_ids if shown else None,
+            schedule=report,
+        )
+
+    def _archivable(self, view: ContextView, services: EngineServices) -> int:
+        """Tokens of the live blocks a compaction may archive (all but the retained)."""
+        live = list(view.live)
+        old = live[: max(0, len(live) - self.host.config.retained_blocks)]
+        return sum(self._count(b.block_id, list(b.messages), services) for b in old)
+
+    async def _compact(
+        self,
+        request: PolicyRequest,
+        context: PolicyContext,
+        view: ContextView,
+        shown: list[Memory],
+        budget: Budget,
+        why: Trigger,
+        report: ScheduleReport,
+        searchable: list[Memory],
+        notes: list[str],
+    ) -> PolicyDecision:
+        cfg = self.host.config
+        store, services, session = context.store, context.services, request.session_id
+        original = request.conversation.messages()
+        prefix = list(view.prefix)
+        live = list(view.live)
+        prefix_tokens = self._count("prefix:" + str(hash(str(prefix))), prefix, services)
+        block_tokens = [self._count(b.block_id, list(b.messages), services) for b in live]
+        record_tokens = int(cfg.record_share * budget.budget)
+        shown_tokens = sum(len(m.summary) for m in shown) // 3
+        new_memory_tokens = cfg.summary_max_tokens + record_tokens
+        count = archive_count(
+            block_tokens, prefix_tokens + shown_tokens + new_memory_tokens, budget.target, cfg.retained_blocks
+        )
+        archived, kept = live[:count], live[count:]
+        await store.log_event(
+            session, "compression_started", {"blocks": len(archived), "sent_tokens": report.sent_tokens, "trigger": why}
+        )
+        try:
+            summary, embedding = await self.host.summarize_and_embed(archived, services, prefix, shown)
+        except StepFailure as failure:
+            await store.log_event(session, failure.rule, {"error": failure.detail})
+            return PolicyDecision(original, f"fallback:{failure.rule}", failure.detail, schedule=report)
+        chars = sum(len(str(m.get("content") or "")) for m in flatten(archived))
+        chars_per_token = max(2.0, chars / max(1, sum(block_tokens[:count])))  # this conversation's own
+        record = step_record(archived, kept, int(record_tokens * chars_per_token), first_step=view.covered + 1)
+        text = f"{summary}\n\n{record}"
+        # the memories shown after the compaction, and the request, before anything is stored
+        next_id = max((m.id for m in searchable), default=0) + 1  # ids grow: it sorts where it will
+        provisional = Memory(next_id, session, text, embedding, services.embedder_name, (), (), 0.0)
+        # the memories shown fit their share of the budget, and what the target leaves beside
+        # the prefix and the kept blocks (the newest is shown whatever its size)
+        kept_tokens = sum(block_tokens[count:])
+        room = min(cfg.memory_share * budget.budget, max(0, budget.target - prefix_tokens - kept_tokens))
+        memory_chars = int(room * chars_per_token)
+        query = self.host.captured_query(request, services, searchable) if searchable else None
+        chosen = self._choose([*searchable, provisional], query, memory_chars)
+        reduced = prefix + [memory_message(chosen)] + flatten(kept)
+        reduced_tokens = services.prompt_tokens(reduced, request.tools)
+        if reduced_tokens >= report.sent_tokens:
+            return PolicyDecision(original, "none", "compaction would not shrink the request", schedule=report)
+        cache_break = max(0, report.sent_tokens - prefix_tokens - block_tokens[-1])
+        try:
+            memory_id = await store.commit_memory(
+                session, text, embedding, services.embedder_name, archived, step_details(archived)
+            )
+        except Exception as exc:  # storage precedes removal: nothing is removed
+            await store.log_event(session, "storage_failure", {"error": str(exc)})
+            return PolicyDecision(original, "fallback:storage_failure", str(exc), schedule=report)
+        final = [msgspec.structs.replace(m, id=memory_id) if m is provisional else m for m in chosen]
+        shown_ids = tuple(sorted(m.id for m in final))
+        reduced = prefix + [memory_message(final)] + flatten(kept)
+        reduced_tokens = services.prompt_tokens(reduced, request.tools)
+        self._shown[session] = shown_ids
+        if request.prompt_tokens is not None:
+            covered = view.covered + len(archived)
+            self._offset[session] = _Offset(covered, shown_ids, request.prompt_tokens - reduced_tokens)
+        await store.log_event(
+            session,
+            "compressed",
+            {
+                "memory_id": memory_id,
+                "blocks": len(archived),
+                "trigger": why,
+                "sent_tokens": report.sent_tokens,
+                "cache_break_tokens": cache_break,
+                "shown": list(shown_ids),
+            },
+        )
+        notes.append(f"{why}: archived {len(archived)} blocks as memory {memory_id}; cache break {cache_break} tokens")
+        done = msgspec.structs.replace(report, trigger=why, cache_break_tokens=cache_break)
+        inserted_tokens = services.count_tokens([memory_message(final)])
+        return PolicyDecision(
+            reduced, "compressed", "; ".join(notes), inserted_tokens, recalled=shown_ids, schedule=done
+        )

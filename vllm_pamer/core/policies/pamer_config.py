@@ -1,0 +1,92 @@
+"""PaMER's options (``--pamer-policy-options``): the schedule that decides
+when to compact, the summaries, the recall, the guards."""
+
+from __future__ import annotations
+
+from vllm_pamer.core.policies.summary import SummaryConfig
+from vllm_pamer.core.schedule import check_schedule
+
+
+class PamerConfig(SummaryConfig, frozen=True):
+    """Controller settings; the paper schedule's defaults are the PaMER paper's Table 14."""
+
+    schedule: str = "budget"
+    """When to compact. ``budget`` (``core/schedule.py``): never below the band,
+    on the heads' vote inside it, always at its top; what is sent grows
+    append-only between compactions and the memory text changes only at them,
+    so vLLM's prefix cache serves it. ``paper``: the paper's Algorithm 1, a
+    compression whenever tokens(O) reaches ``min_candidate_tokens`` and the
+    vote says so, and a recall on every request."""
+    context_budget: int = 0
+    """``budget``: tokens a session's request may reach before it must compact;
+    0: ``budget_share`` of the served window. A request may set its own with
+    the ``X-Pamer-Context-Budget`` header (or ``pamer_context_budget``)."""
+    budget_share: float = 0.75
+    """``budget``: the default budget as a share of the served window."""
+    band_share: float = 0.25
+    """``budget``: the band is the top ``band_share`` of the budget; there the vote decides."""
+    target_share: float = 0.5
+    """``budget``: a compaction archives old blocks until the request is at
+    most this share of the budget."""
+    kv_pressure: bool = True
+    """``budget``: shrink the budget as the engine's KV cache fills."""
+    kv_low: float = 0.5
+    """``budget``: KV-cache usage (0-1) up to which the budget stays whole."""
+    kv_high: float = 0.9
+    """``budget``: KV-cache usage at which the budget has shrunk to ``kv_min_scale``."""
+    kv_min_scale: float = 0.5
+    """``budget``: the smallest share of the budget KV pressure leaves."""
+    record_share: float = 0.15
+    """``budget``: the verbatim record of the steps a compaction archives
+    (``core/record.py``) takes at most this share of the budget."""
+    memory_share: float = 0.3
+    """``budget``: the memories a request shows take at most this share of the budget."""
+    min_candidate_tokens: int = 1024
+    """``paper``: compression gate, tokens(O) must reach this."""
+    top_k: int = 3
+    """Memories recalled per request."""
+    embed_timeout_s: float = 30.0
+    """Time limit of one embedding attempt."""
+    embed_attempts: int = 8
+    """Attempts before an embedding counts as failed."""
+    query_chars: int = 30_000
+    """Recall query: task + R, limited to its final characters."""
+    query_source: str = "captured"
+    """``captured`` (the deferred retrieval of the in-engine design; beyond the
+    paper): the state the engine captured at the end of the session's previous
+    prompt, which costs no request (benchmarks/retrieval.py compares the two);
+    falls back to ``text`` when no state was captured or the memories come from
+    another embedder. ``text``: the paper's recall query, task + R embedded by
+    an internal request."""
+    stable_recall: bool = True
+    """Keep the memories recalled at the session's previous request unless a
+    new one beats the weakest of them by ``recall_margin`` (cosine): the
+    inserted text then stays identical between requests and vLLM's prefix
+    cache keeps the prompt up to it (beyond the paper; its Prop. C.2 margin)."""
+    recall_margin: float = 0.05
+    """Cosine margin a new memory must win by to replace a recalled one."""
+    window_guard: bool = True
+    """Compress without waiting for the vote when the request as sent does not
+    fit the served model's window (beyond the paper, whose probe reads up to
+    35,000 tokens beside the agent). Here the vote comes from the served
+    model's own prefill, which a request longer than the window never gets:
+    without the guard the server refuses it, and every later request of the
+    session, since the history only grows. The compression is the same
+    transaction: if it fails the request goes through unchanged."""
+    summarize_ahead: bool = False
+    """Overlap mode: when request t's vote says compress (known at its prefill),
+    start summarizing the blocks that will be old at request t+1 while the agent
+    runs its tools; request t+1 commits that summary if it covers its old
+    blocks. Off: the paper's synchronous mode (summary written inside t+1)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.query_source not in ("text", "captured"):
+            raise ValueError(f"query_source must be 'text' or 'captured', not {self.query_source!r}")
+        if self.top_k < 1:
+            raise ValueError("top_k must be >= 1")
+        if self.schedule not in ("budget", "paper"):
+            raise ValueError(f"schedule must be 'budget' or 'paper', not {self.schedule!r}")
+        check_schedule(self)
+        if not 0 < self.record_share < 1 or not 0 < self.memory_share < 1:
+            raise ValueError("record_share and memory_share must be in (0, 1)")

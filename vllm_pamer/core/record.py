@@ -1,0 +1,149 @@
+"""The verbatim record of archived steps: what a memory keeps besides its
+summary, so exact values survive a compaction whatever the summarizer writes.
+
+For each archived block, in order: the agent's tool calls with their exact
+arguments and what the user said (instructions, corrections), verbatim; then,
+as the character budget allows, the beginning of every tool result, and whole
+results for the steps most like the current work (the blocks kept raw), as
+the PaMER paper found restored raw steps worth more than summaries. A result
+that does not fit whole keeps its beginning and its end. When even the calls
+do not fit, the oldest steps are left out, and the record says so. It is
+readable text, never a list of extracted values.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import Counter
+from collections.abc import Sequence
+
+from vllm_pamer.core.blocks import Block, Message
+from vllm_pamer.core.text import cap_head_and_tail
+
+RECORD_HEADER = "Record of the archived steps (tool calls exactly, user turns verbatim, result excerpts):"
+HEAD_EXCERPT = 120
+"""Characters of every result's beginning the record keeps when it has room."""
+_WORD = re.compile(r"[A-Za-z0-9_./-]{3,}")
+
+
+def _text(content: object) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return ""
+
+
+def _call_line(call: dict[str, object]) -> str:
+    function = call.get("function")
+    function = function if isinstance(function, dict) else {}
+    arguments = function.get("arguments")
+    if not isinstance(arguments, str):
+        arguments = json.dumps(arguments, ensure_ascii=False)
+    return f"called {function.get('name')}({arguments})"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+class _Step:
+    """One archived block: its fixed lines (calls, user turns) and its results."""
+
+    def __init__(self, number: int, block: Block) -> None:
+        self.number = number
+        self.fixed: list[str] = []
+        self.results: list[str] = []
+        for message in block.messages:
+            role = message.get("role")
+            text = _text(message.get("content")).strip()
+            if role == "assistant":
+                if text:
+                    self.fixed.append(f"agent: {cap_head_and_tail(_one_line(text), 400)}")
+                self.fixed += [_call_line(c) for c in message.get("tool_calls") or [] if isinstance(c, dict)]
+            elif role == "user" and text:
+                self.fixed.append(f"user: {text}")
+            elif text:  # a tool (or function) result
+                self.results.append(text)
+        self.excerpt = [len(r) for r in self.results]
+        """Characters of each result shown (0: left out)."""
+
+    def render(self) -> str:
+        lines = [f"step {self.number}:"] + [f"  {line}" for line in self.fixed]
+        for result, chars in zip(self.results, self.excerpt):
+            if chars:
+                lines.append("  result: " + cap_head_and_tail(result, chars).replace("\n", "\n    "))
+        return "\n".join(lines)
+
+
+def _words(messages: Sequence[Message]) -> Counter[str]:
+    return Counter(w.lower() for m in messages for w in _WORD.findall(_text(m.get("content"))))
+
+
+def relevance(blocks: Sequence[Block], current: Sequence[Block]) -> list[float]:
+    """How alike each block is to the current work (cosine of TF-IDF word
+    vectors, IDF over ``blocks``); 0 when either side has no words."""
+    docs = [_words(b.messages) for b in blocks]
+    now = _words([m for b in current for m in b.messages])
+    df: Counter[str] = Counter(w for d in docs for w in d)
+    idf = {w: math.log((1 + len(docs)) / (1 + n)) + 1 for w, n in df.items()}
+
+    def vector(counts: Counter[str]) -> dict[str, float]:
+        return {w: c * idf.get(w, 1.0) for w, c in counts.items()}
+
+    query = vector(now)
+    q_norm = math.sqrt(sum(v * v for v in query.values()))
+    scores = []
+    for doc in docs:
+        vec = vector(doc)
+        norm = math.sqrt(sum(v * v for v in vec.values()))
+        dot = sum(v * query.get(w, 0.0) for w, v in vec.items())
+        scores.append(dot / (norm * q_norm) if norm and q_norm else 0.0)
+    return scores
+
+
+def step_record(blocks: Sequence[Block], current: Sequence[Block], budget_chars: int, first_step: int = 1) -> str:
+    """The record of ``blocks`` (numbered from ``first_step``) within
+    ``budget_chars``; ``current`` (the blocks that stay raw) decides which
+    steps' results are kept whole."""
+    steps = [_Step(first_step + i, b) for i, b in enumerate(blocks)]
+    scores = relevance(blocks, current)
+    omitted = 0
+
+    def note() -> str:
+        return f"(steps {first_step}-{first_step + omitted - 1} omitted for space)" if omitted else ""
+
+    def size() -> int:
+        return len(RECORD_HEADER) + len(note()) + 1 + sum(len(s.render()) + 1 for s in steps)
+
+    # 1. the skeleton: calls and user turns of every step, the oldest steps dropped if even that is too long
+    full = {id(s): list(s.excerpt) for s in steps}
+    for step in steps:
+        step.excerpt = [0] * len(step.results)
+    while steps and size() > budget_chars:
+        steps.pop(0)
+        omitted += 1
+    # 2. the beginning of every result, oldest first, while there is room
+    for step in steps:
+        trial = [min(HEAD_EXCERPT, c) for c in full[id(step)]]
+        previous, step.excerpt = step.excerpt, trial
+        if size() > budget_chars:
+            step.excerpt = previous
+            break
+    # 3. whole results, the steps most like the current work (then the newest) first; one
+    #    that does not fit whole gets the room left, cut at its middle
+    for step in sorted(steps, key=lambda s: (-scores[s.number - first_step], -s.number)):
+        previous = step.excerpt
+        step.excerpt = full[id(step)]
+        if size() <= budget_chars:
+            continue
+        step.excerpt = previous
+        room = budget_chars - size()
+        if room > HEAD_EXCERPT and step.results:
+            extra = room // len(step.results)
+            step.excerpt = [min(f, p + max(0, extra)) for f, p in zip(full[id(step)], previous)]
+            if size() > budget_chars:
+                step.excerpt = previous
+    return "\n".join([RECORD_HEADER] + ([note()] if omitted else []) + [s.render() for s in steps])

@@ -1,0 +1,146 @@
+"""When to compact, so that compaction pays for itself on a prefix-cached server.
+
+Between two compactions what the server sends for a session only grows at its
+end (append-only), so vLLM serves every earlier token from its prefix cache;
+a compaction throws that cache away after the prefix, so it should come
+rarely and remove much. The schedule has a context *budget* in tokens and a
+*band* below it:
+
+* below the band: never compact;
+* inside the band: compact when the heads' vote says compress (the learned
+  trigger picks the moment: a point where the old history is stale);
+* at the top of the band, or when the request would not fit the window:
+  compact regardless;
+* a compaction archives old blocks until what is sent falls to ``target``,
+  far below the band, so the next one is many steps away.
+
+The budget can follow the engine's KV pressure: with roomy KV it stays as
+configured (compact late: cheap prefill); as the KV cache fills it shrinks
+towards ``kv_min_scale`` of itself (compact earlier: a smaller footprint).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal, Protocol
+
+import msgspec
+
+Trigger = Literal["vote", "top_of_band", "kv_pressure", "window"]
+
+
+class ScheduleSettings(Protocol):
+    """The budget schedule's settings (fields of ``PamerConfig``, documented there)."""
+
+    @property
+    def context_budget(self) -> int: ...
+
+    @property
+    def budget_share(self) -> float: ...
+
+    @property
+    def band_share(self) -> float: ...
+
+    @property
+    def target_share(self) -> float: ...
+
+    @property
+    def kv_pressure(self) -> bool: ...
+
+    @property
+    def kv_low(self) -> float: ...
+
+    @property
+    def kv_high(self) -> float: ...
+
+    @property
+    def kv_min_scale(self) -> float: ...
+
+
+def check_schedule(cfg: ScheduleSettings) -> None:
+    """Raise ValueError for settings the schedule cannot follow."""
+    if cfg.context_budget < 0:
+        raise ValueError("context_budget must be >= 0 (0: a share of the window)")
+    if not 0 < cfg.budget_share <= 1 or not 0 <= cfg.band_share < 1 or not 0 < cfg.target_share < 1:
+        raise ValueError("budget_share must be in (0, 1], band_share in [0, 1), target_share in (0, 1)")
+    if cfg.target_share >= 1 - cfg.band_share:
+        raise ValueError("target_share must lie below the band (target_share < 1 - band_share)")
+    if not 0 <= cfg.kv_low < cfg.kv_high <= 1 or not 0 < cfg.kv_min_scale <= 1:
+        raise ValueError("need 0 <= kv_low < kv_high <= 1 and 0 < kv_min_scale <= 1")
+
+
+class Budget(msgspec.Struct, frozen=True):
+    """The schedule's numbers for one request (all in tokens)."""
+
+    budget: int
+    """The effective budget (after KV pressure)."""
+    base: int
+    """The budget before KV pressure."""
+    band_low: int
+    """Where the band starts."""
+    target: int
+    """What a compaction brings the request down to."""
+
+
+def kv_scale(cfg: ScheduleSettings, kv_usage: float | None) -> float:
+    """The share of the budget that KV pressure leaves (1 when unknown or off)."""
+    if not cfg.kv_pressure or kv_usage is None:
+        return 1.0
+    pressure = min(1.0, max(0.0, (kv_usage - cfg.kv_low) / (cfg.kv_high - cfg.kv_low)))
+    return 1.0 - (1.0 - cfg.kv_min_scale) * pressure
+
+
+def budget_for(cfg: ScheduleSettings, window: int, requested: int | None, kv_usage: float | None) -> Budget:
+    """The budget of a request: the request's own, else the configured one,
+    else a share of the window; never beyond the window; shrunk by KV pressure."""
+    base = requested or cfg.context_budget or int(cfg.budget_share * window)
+    if window:
+        base = min(base, window)
+    budget = max(1, int(base * kv_scale(cfg, kv_usage)))
+    return Budget(budget, base, int(budget * (1 - cfg.band_share)), int(budget * cfg.target_share))
+
+
+def trigger(budget: Budget, sent_tokens: int, fits_window: bool, compress_vote: bool | None) -> Trigger | None:
+    """Why a request of ``sent_tokens`` must compact now (None: it need not)."""
+    if not fits_window:
+        return "window"
+    if sent_tokens >= budget.budget:
+        return "top_of_band" if sent_tokens >= budget.base else "kv_pressure"
+    if sent_tokens >= budget.band_low and compress_vote:
+        return "vote"
+    return None
+
+
+def archive_count(block_tokens: Sequence[int], fixed_tokens: int, target: int, keep_recent: int) -> int:
+    """How many of the oldest blocks to archive so that ``fixed_tokens`` (the
+    prefix and the memory text after the compaction) plus the blocks left is
+    at most ``target``; the ``keep_recent`` newest blocks are never archived,
+    and at least one block is when any may be."""
+    archivable = max(0, len(block_tokens) - max(0, keep_recent))
+    remaining = fixed_tokens + sum(block_tokens)
+    count = 0
+    while count < archivable and (remaining > target or count == 0):
+        remaining -= block_tokens[count]
+        count += 1
+    return count
+
+
+class ScheduleReport(msgspec.Struct, frozen=True):
+    """What the schedule saw and did on one request (the ``pamer`` report's
+    ``schedule`` object)."""
+
+    budget: int
+    """The effective budget."""
+    band_low: int
+    """Where the band starts."""
+    target: int
+    """What a compaction brings the request down to."""
+    sent_tokens: int
+    """Tokens of the request as it would go out without a compaction."""
+    trigger: Trigger | None = None
+    """Why this request compacted (None: it did not)."""
+    cache_break_tokens: int = 0
+    """Tokens the previous request had cached after the prefix that this
+    request's compaction recomputes."""
+    kv_usage: float | None = None
+    """The engine's KV-cache usage (0-1) the budget followed."""
