@@ -72,6 +72,9 @@ def main() -> None:
         "--max-model-len request (0.25 GiB: 11.6k tokens of the default model)",
     )
     parser.add_argument("--serve-args", default="--enforce-eager --enable-prompt-tokens-details")
+    parser.add_argument(
+        "--reference", default="recent_k", help="the policy every other one is compared with on side b (if replayed)"
+    )
     args = parser.parse_args()
 
     ensure_default_model(quiet=True)
@@ -123,6 +126,28 @@ def main() -> None:
             fmt(max(r.preemptions or 0 for r in b)),
         ]
         print("| " + " | ".join(cells) + " |")
+    if args.reference in results:
+        reference = results[args.reference][1]
+        ref_rate = statistics.median(r.steps_per_min for r in reference)
+        ref_evidence = statistics.median(r.evidence_availability or 0 for r in reference)
+        print(
+            f"\nSide b against {args.reference} (answered steps / min: refused requests excluded; medians of rounds):\n"
+            "| policy | answered / min, b | ratio | answered, b | evidence, b | evidence - reference | chars share, b |"
+        )
+        print("|" + "---|" * 7)
+        for policy, (_, b) in results.items():
+            rate = statistics.median(r.steps_per_min for r in b)
+            evidence = statistics.median(r.evidence_availability or 0 for r in b)
+            cells = [
+                policy,
+                fmt(rate, "rate"),
+                f"{rate / ref_rate:.3f}",
+                f"{b[0].answered}/{b[0].requests}",
+                fmt(evidence, "pct"),
+                fmt(evidence - ref_evidence, "pts"),
+                fmt(statistics.median(r.chars_share or 0 for r in b), "pct"),
+            ]
+            print("| " + " | ".join(cells) + " |")
     print(
         f"\nworkload: {len(plans)} mini-swe trajectories, {requests} requests, concurrency {args.concurrency}, "
         f"max_tokens {args.max_tokens}; KV cache a: {'/'.join(sorted(kv_tokens[0])) or '?'} tokens, "

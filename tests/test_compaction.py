@@ -225,3 +225,26 @@ def test_a_vote_inside_the_band_waits_for_a_large_step(store):
     out = Session(store).send(messages, vote=COMPRESS)
     assert out.schedule.sent_tokens >= out.schedule.band_low
     assert out.action == "none" and "too little old history" in out.detail
+
+
+def test_without_a_window_or_a_budget_nothing_compacts():
+    assert trigger(budget_for(Settings, 0, None, None), 10**9, True, True) is None
+
+
+def test_the_newest_record_carries_the_earlier_steps_forward(store):
+    """A value of an early step survives later compactions: the newest
+    memory's record covers every archived step, older memories show their
+    summaries only."""
+    session = Session(store)
+    early = conversation(9)
+    early.insert(4, {"role": "user", "content": "My booking is XK42Q9."})
+    assert session.send(early).action == "compressed"
+    later = early + conversation(20)[2 + 2 * 9 :]  # the same session, eleven blocks on
+    outs = [session.send(later[: 2 + 1 + 2 * n]) for n in range(10, 21)]
+    compactions = [o for o in outs if o.action == "compressed"]
+    assert compactions, [o.action for o in outs]
+    memories = blocking(store).load("s1").memories
+    assert len(memories) >= 2
+    shown = compactions[-1].messages[2]["content"]
+    assert "user: My booking is XK42Q9." in shown  # from the first compaction's steps
+    assert shown.count(RECORD_HEADER) == 1  # one record: the newest memory's

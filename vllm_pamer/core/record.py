@@ -49,29 +49,40 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+AGENT_CHARS = (400, 160, 0)
+"""The agent's own words kept per step, longest first; the record shortens
+them before it leaves any step out (the calls and user turns stay whole)."""
+
+
 class _Step:
-    """One archived block: its fixed lines (calls, user turns) and its results."""
+    """One archived block: the agent's words, its calls, the user's turns, its results."""
 
     def __init__(self, number: int, block: Block) -> None:
         self.number = number
-        self.fixed: list[str] = []
+        self.lines: list[tuple[str, str]] = []  # (kind, text) in order: agent / call / user
         self.results: list[str] = []
         for message in block.messages:
             role = message.get("role")
             text = _text(message.get("content")).strip()
             if role == "assistant":
                 if text:
-                    self.fixed.append(f"agent: {cap_head_and_tail(_one_line(text), 400)}")
-                self.fixed += [_call_line(c) for c in message.get("tool_calls") or [] if isinstance(c, dict)]
+                    self.lines.append(("agent", _one_line(text)))
+                self.lines += [("call", _call_line(c)) for c in message.get("tool_calls") or [] if isinstance(c, dict)]
             elif role == "user" and text:
-                self.fixed.append(f"user: {text}")
+                self.lines.append(("user", f"user: {text}"))
             elif text:  # a tool (or function) result
                 self.results.append(text)
+        self.agent_chars = AGENT_CHARS[0]
         self.excerpt = [len(r) for r in self.results]
         """Characters of each result shown (0: left out)."""
 
     def render(self) -> str:
-        lines = [f"step {self.number}:"] + [f"  {line}" for line in self.fixed]
+        lines = [f"step {self.number}:"]
+        for kind, text in self.lines:
+            if kind != "agent":
+                lines.append(f"  {text}")
+            elif self.agent_chars:
+                lines.append(f"  agent: {cap_head_and_tail(text, self.agent_chars)}")
         for result, chars in zip(self.results, self.excerpt):
             if chars:
                 lines.append("  result: " + cap_head_and_tail(result, chars).replace("\n", "\n    "))
@@ -118,10 +129,16 @@ def step_record(blocks: Sequence[Block], current: Sequence[Block], budget_chars:
     def size() -> int:
         return len(RECORD_HEADER) + len(note()) + 1 + sum(len(s.render()) + 1 for s in steps)
 
-    # 1. the skeleton: calls and user turns of every step, the oldest steps dropped if even that is too long
+    # 1. the skeleton: the calls and user turns of every step, the agent's words shortened,
+    #    then the oldest steps dropped if even that is too long
     full = {id(s): list(s.excerpt) for s in steps}
     for step in steps:
         step.excerpt = [0] * len(step.results)
+    for chars in AGENT_CHARS[1:]:
+        if size() <= budget_chars:
+            break
+        for step in steps:
+            step.agent_chars = chars
     while steps and size() > budget_chars:
         steps.pop(0)
         omitted += 1

@@ -27,6 +27,8 @@ from typing import Literal, Protocol
 import msgspec
 
 Trigger = Literal["vote", "top_of_band", "kv_pressure", "window"]
+NO_BUDGET = 2**62
+"""The budget when neither one nor the window is known."""
 
 
 class ScheduleSettings(Protocol):
@@ -96,6 +98,8 @@ def budget_for(cfg: ScheduleSettings, window: int, requested: int | None, kv_usa
     base = requested or cfg.context_budget or int(cfg.budget_share * window)
     if window:
         base = min(base, window)
+    if base <= 0:  # no budget and no window known: nothing ever compacts
+        base = NO_BUDGET
     budget = max(1, int(base * kv_scale(cfg, kv_usage)))
     return Budget(budget, base, int(budget * (1 - cfg.band_share)), int(budget * cfg.target_share))
 

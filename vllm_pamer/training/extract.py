@@ -55,6 +55,7 @@ from typing import Any
 import numpy as np
 
 from vllm_pamer.core.render import render_tools_as_text, template_supports_tools
+from vllm_pamer.core.tokens import TokenCounter
 from vllm_pamer.offline_engine import CaptureEngine
 from vllm_pamer.training.annotate import AnnotatorSettings, DecisionContext, DecisionPoint, decision_contexts
 from vllm_pamer.training.data import FORMAT, open_run, shard_complete, write_shard
@@ -120,6 +121,7 @@ class ChatPrompter:
         self.limit = int(limit)
         self.keep_head = int(keep_head)
         self.tools_as_text = not template_supports_tools(getattr(tokenizer, "chat_template", None))
+        self.counter = TokenCounter(tokenizer)
 
     def render(self, messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """The messages as the server hands them to the chat template."""
@@ -127,10 +129,7 @@ class ChatPrompter:
         return render_tools_as_text(copies) if self.tools_as_text else copies
 
     def template_ids(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
-        ids = self.tokenizer.apply_chat_template(self.render(messages), tokenize=True, add_generation_prompt=True)
-        if isinstance(ids, Mapping) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-        return [int(t) for t in ids]
+        return [int(t) for t in self.counter.ids(self.render(messages))]
 
     def __call__(self, messages: Sequence[Mapping[str, Any]]) -> PromptIds:
         ids = self.template_ids(messages)

@@ -10,12 +10,13 @@ Per request of a session, with C_eff = P + the live blocks:
    offset (what C_eff removes, less E), worked out once per compaction, so no
    request between compactions is counted again;
 3. ``core/schedule.py`` decides whether to compact now; a compaction archives
-   the oldest live blocks down to the target: a summary written from the
-   prefix-cached conversation, plus a verbatim record of the archived steps
-   (``core/record.py``), stored with the raw blocks in one transaction before
-   they leave the request; then it chooses the memories to show until the
-   next compaction (the newest, and the ones closest to the captured state,
-   within the memory budget).
+   the oldest live blocks down to the target: a summary of them plus a
+   verbatim record (``core/record.py``) of every step the session archived so
+   far, so exact values of early steps carry over, stored with the raw blocks
+   in one transaction before they leave the request; then it chooses the
+   memories to show until the next compaction: the new one whole, and the
+   summaries of older ones closest to the captured state, within the memory
+   budget.
 
 Any failure sends the original request; nothing is removed before it is stored.
 """
@@ -34,7 +35,7 @@ from vllm_pamer.core.engine import EngineServices
 from vllm_pamer.core.policies.base import PolicyContext, PolicyDecision, PolicyRequest
 from vllm_pamer.core.policies.summary import StepFailure, memory_message, step_details
 from vllm_pamer.core.recall import cosine_scores
-from vllm_pamer.core.record import step_record
+from vllm_pamer.core.record import RECORD_HEADER, step_record
 from vllm_pamer.core.schedule import (
     Budget,
     ScheduleReport,
@@ -88,6 +89,20 @@ class CompactionHost(Protocol):
     def captured_query(
         self, request: PolicyRequest, services: EngineServices, memories: list[Memory]
     ) -> np.ndarray | None: ...
+
+
+def shown_message(memories: Sequence[Memory]) -> Message:
+    """The memory message of the budget schedule: the newest memory whole (its
+    record covers every archived step), older ones by their summaries."""
+    newest = max((m.id for m in memories), default=0)
+    return memory_message(
+        [m if m.id == newest else msgspec.structs.replace(m, summary=summary_part(m)) for m in memories]
+    )
+
+
+def summary_part(memory: Memory) -> str:
+    """A memory's text without its verbatim record."""
+    return memory.summary.split("\n\n" + RECORD_HEADER, 1)[0]
 
 
 class _Offset(msgspec.Struct, frozen=True):
@@ -156,15 +171,14 @@ class BudgetSchedule:
         newest = max(memories, key=lambda m: m.id)
         scores = cosine_scores(query, memories) if query is not None else {}
         rest = sorted((m for m in memories if m.id != newest.id), key=lambda m: (-scores.get(m.id, 0.0), -m.id))
-        chosen: list[Memory] = []
-        used = 0
-        for memory in [newest, *rest]:
+        chosen: list[Memory] = [newest]
+        used = len(newest.summary)
+        for memory in rest:
             if len(chosen) == self.host.config.top_k:
                 break
-            if chosen and used + len(memory.summary) > budget_chars:
-                continue
-            chosen.append(memory)
-            used += len(memory.summary)
+            if used + len(summary_part(memory)) <= budget_chars:
+                chosen.append(memory)
+                used += len(summary_part(memory))
         return sorted(chosen, key=lambda m: m.id)
 
     # -- one request ------------------------------------------------------------------
@@ -185,7 +199,7 @@ class BudgetSchedule:
         shown_ids = await self._shown_ids(session, searchable, store, memory_chars)
         by_id = {m.id: m for m in searchable}
         shown = [by_id[i] for i in shown_ids]
-        inserted = [memory_message(shown)] if shown else []
+        inserted = [shown_message(shown)] if shown else []
         sent = list(view.prefix) + inserted + flatten(view.live)
         sent_tokens = self._sent_tokens(request, view, shown_ids, sent, services)
         fits = not services.max_model_len or sent_tokens < services.max_model_len
@@ -214,11 +228,16 @@ class BudgetSchedule:
             schedule=report,
         )
 
+    @staticmethod
+    async def _archived_blocks(store: MemoryStore, session: str, memories: Sequence[Memory]) -> list[Block]:
+        """The raw blocks the session's memories archived, oldest first."""
+        ids = [b for m in sorted(memories, key=lambda m: m.id) for b in m.covered_block_ids]
+        raw = await store.raw_blocks(session, ids) if ids else {}
+        return [Block(tuple(raw[b])) for b in ids if b in raw]
+
     def _archivable(self, view: ContextView, services: EngineServices) -> int:
-        """Tokens of the live blocks a compaction may archive (all but the retained)."""
-        live = list(view.live)
-        old = live[: max(0, len(live) - self.host.config.retained_blocks)]
-        return sum(self._count(b.block_id, list(b.messages), services) for b in old)
+        """Tokens of the live blocks a compaction may archive: O."""
+        return sum(self._count(b.block_id, list(b.messages), services) for b in view.old)
 
     async def _compact(
         self,
@@ -240,7 +259,7 @@ class BudgetSchedule:
         prefix_tokens = self._count("prefix:" + str(hash(str(prefix))), prefix, services)
         block_tokens = [self._count(b.block_id, list(b.messages), services) for b in live]
         record_tokens = int(cfg.record_share * budget.budget)
-        shown_tokens = sum(len(m.summary) for m in shown) // 3
+        shown_tokens = sum(len(summary_part(m)) for m in shown) // 3
         new_memory_tokens = cfg.summary_max_tokens + record_tokens
         count = archive_count(
             block_tokens, prefix_tokens + shown_tokens + new_memory_tokens, budget.target, cfg.retained_blocks
@@ -256,7 +275,8 @@ class BudgetSchedule:
             return PolicyDecision(original, f"fallback:{failure.rule}", failure.detail, schedule=report)
         chars = sum(len(str(m.get("content") or "")) for m in flatten(archived))
         chars_per_token = max(2.0, chars / max(1, sum(block_tokens[:count])))  # this conversation's own
-        record = step_record(archived, kept, int(record_tokens * chars_per_token), first_step=view.covered + 1)
+        earlier = await self._archived_blocks(store, session, searchable)
+        record = step_record(earlier + archived, kept, int(record_tokens * chars_per_token))
         text = f"{summary}\n\n{record}"
         # the memories shown after the compaction, and the request, before anything is stored
         next_id = max((m.id for m in searchable), default=0) + 1  # ids grow: it sorts where it will
@@ -268,7 +288,7 @@ class BudgetSchedule:
         memory_chars = int(room * chars_per_token)
         query = self.host.captured_query(request, services, searchable) if searchable else None
         chosen = self._choose([*searchable, provisional], query, memory_chars)
-        reduced = prefix + [memory_message(chosen)] + flatten(kept)
+        reduced = prefix + [shown_message(chosen)] + flatten(kept)
         reduced_tokens = services.prompt_tokens(reduced, request.tools)
         if reduced_tokens >= report.sent_tokens:
             return PolicyDecision(original, "none", "compaction would not shrink the request", schedule=report)
@@ -282,7 +302,7 @@ class BudgetSchedule:
             return PolicyDecision(original, "fallback:storage_failure", str(exc), schedule=report)
         final = [msgspec.structs.replace(m, id=memory_id) if m is provisional else m for m in chosen]
         shown_ids = tuple(sorted(m.id for m in final))
-        reduced = prefix + [memory_message(final)] + flatten(kept)
+        reduced = prefix + [shown_message(final)] + flatten(kept)
         reduced_tokens = services.prompt_tokens(reduced, request.tools)
         self._shown[session] = shown_ids
         if request.prompt_tokens is not None:
@@ -302,7 +322,7 @@ class BudgetSchedule:
         )
         notes.append(f"{why}: archived {len(archived)} blocks as memory {memory_id}; cache break {cache_break} tokens")
         done = msgspec.structs.replace(report, trigger=why, cache_break_tokens=cache_break)
-        inserted_tokens = services.count_tokens([memory_message(final)])
+        inserted_tokens = services.count_tokens([shown_message(final)])
         return PolicyDecision(
             reduced, "compressed", "; ".join(notes), inserted_tokens, recalled=shown_ids, schedule=done
         )
