@@ -1,4 +1,4 @@
-"""The paper's baseline policies (issue 6): sliding_window, discard_tool,
+"""The paper's baseline policies: sliding_window, discard_tool,
 periodic_summary, rolling_summary; and a property over every registered policy.
 
 Summary baselines run on a real SQLite store with deterministic stand-in

@@ -1,4 +1,4 @@
-"""End to end: every policy of issue 6 inside one real ``vllm-pamer serve``
+"""End to end: every policy inside one real ``vllm-pamer serve``
 (always-compress heads, short internal answers; tests/e2e/helpers.py),
 chosen per request by header, replaying the first steps of a real tau-bench
 trajectory; and SAM's memory tool resolved by the server."""

@@ -1,6 +1,6 @@
 """Chat blocks: how a request's messages split into prefix, blocks and recent.
 
-Pure Python, no vLLM import. Definitions (SPEC §1):
+Pure Python, no vLLM import. Definitions (PaMER paper, §3; docs/design.md):
 
 * **Prefix P** - every message before the first assistant message (the system
   message(s) and the task).

@@ -1,4 +1,4 @@
-"""Replay harness (issue 6): recorded agent trajectories against a running
+"""Replay harness: recorded agent trajectories against a running
 vllm-pamer server, one policy at a time, with what each policy cost and kept.
 
 * ``evidence``: which values the next action needs and whether a rewritten
@@ -6,6 +6,8 @@ vllm-pamer server, one policy at a time, with what each policy cost and kept.
 * ``client``: the async replay (sessions, echo, /metrics deltas, KV peak);
 * ``records``: the per-request and per-run records;
 * ``prometheus``: reading /metrics;
-* ``report``: the per-policy table, JSON lines, the context-per-turn plot;
+* ``report``: the per-policy table and JSON; ``plots``: its plots;
+* ``sittings``: a benchmark spread over sittings (groups, resumable units);
+* ``ab``: interleaved A/B rounds on fresh servers;
 * ``cli``: ``vllm-pamer replay``.
 """

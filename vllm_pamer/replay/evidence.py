@@ -4,7 +4,7 @@ Pure Python (no network, no vLLM). For a decision point of a trajectory
 (history ``messages[:i]``, next action ``messages[i]``, an assistant message):
 
 * the values the action **uses** (``used_values``): for tau-bench
-  (``kind="tau"``) ``annotate.action_values`` of the recorded action (salient
+  (``kind="tau"``) ``core.salient.action_values`` of the recorded action (salient
   values of its text and tool-call arguments); for mini-swe (``kind="swe"``)
   the identifier-like tokens of its command (``command_identifiers``: paths,
   and names of 6+ characters);
@@ -12,7 +12,7 @@ Pure Python (no network, no vLLM). For a decision point of a trajectory
   the tool outputs, for tau every message that is not the agent's own (the
   customer, the tools, the policy prompt); in a rewritten context also every
   message the policy inserted (a summary, recalled memory text);
-* the **needed values** are the used values that occur (``annotate.occurs``)
+* the **needed values** are the used values that occur (``core.salient.occurs``)
   in an evidence message of the history;
 * ``availability(needed, messages)`` is the share of them that occur in
   ``messages``; called on ``evidence_messages(rewritten, history, kind)`` it
@@ -25,9 +25,7 @@ Pure Python (no network, no vLLM). For a decision point of a trajectory
 
 ``recency_frontier`` computes these for ``recent_k`` (prefix + last k blocks,
 as the server's policy sends) directly on trajectories, pooled over every
-decision point: on the shared mini-swe data it reproduces the issue's
-reference numbers (recent_2 keeps 27% of the evidence at 12% of the
-characters, recent_10 59% at 27%, recent_20 75% at 44%). ``recency_at``
+decision point (``vllm-pamer replay --frontier`` prints it). ``recency_at``
 reads that frontier at a policy's character share: the evidence plain
 recency keeps for the same characters, the bar a memory policy must clear.
 """

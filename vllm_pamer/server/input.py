@@ -86,7 +86,7 @@ async def read_chat(body: dict[str, Any], raw_request: Request, state: ServerSta
     xargs = body.get("vllm_xargs") or {}
     if not isinstance(xargs, dict):
         raise InputError("vllm_xargs must be an object")
-    context_budget = _context_budget(raw_request.headers.get(BUDGET_HEADER), body.pop("pamer_context_budget", None))
+    context_budget = context_budget_of(raw_request.headers.get(BUDGET_HEADER), body.pop("pamer_context_budget", None))
     try:
         policy = state.policy(policy_name) if policy_name else state.default_policy
     except (UnknownPolicy, ValueError) as exc:
@@ -115,7 +115,7 @@ async def read_chat(body: dict[str, Any], raw_request: Request, state: ServerSta
     )
 
 
-def _context_budget(header: str | None, field: Any) -> int | None:
+def context_budget_of(header: str | None, field: Any) -> int | None:
     """The request's own context budget: a positive whole number of tokens."""
     raw = header if header is not None else field
     if raw is None:

@@ -19,6 +19,9 @@ from vllm_pamer.core.engine import EngineServices
 from vllm_pamer.core.schedule import ScheduleReport
 from vllm_pamer.core.store import MemoryStore
 
+MAX_TRACKED_SESSIONS = 10_000
+"""Per-session state a policy keeps in memory (LRU beyond this)."""
+
 
 class HeadVote(msgspec.Struct, frozen=True):
     """What the five heads said about one captured prefill state."""

@@ -32,7 +32,7 @@ from cachetools import LRUCache
 
 from vllm_pamer.core.blocks import Block, Message
 from vllm_pamer.core.engine import EngineServices
-from vllm_pamer.core.policies.base import PolicyContext, PolicyDecision, PolicyRequest
+from vllm_pamer.core.policies.base import MAX_TRACKED_SESSIONS, PolicyContext, PolicyDecision, PolicyRequest
 from vllm_pamer.core.policies.summary import StepFailure, memory_message, step_details
 from vllm_pamer.core.recall import cosine_scores
 from vllm_pamer.core.record import RECORD_HEADER, step_record
@@ -48,8 +48,6 @@ from vllm_pamer.core.schedule import (
 from vllm_pamer.core.store import Memory, MemoryStore
 from vllm_pamer.core.view import ContextView, context_view, flatten
 
-TRACKED = 10_000
-"""Sessions (and blocks) whose counts and shown memories are kept (LRU)."""
 CHARS_PER_TOKEN = 3.5
 """Characters a token, where a budget in tokens must become one in characters
 before anything is counted (the memory text after a restart)."""
@@ -117,9 +115,9 @@ class _Offset(msgspec.Struct, frozen=True):
 class BudgetSchedule:
     def __init__(self, host: CompactionHost) -> None:
         self.host = host
-        self._shown: LRUCache[str, tuple[int, ...]] = LRUCache(TRACKED)
-        self._offset: LRUCache[str, _Offset] = LRUCache(TRACKED)
-        self._tokens: LRUCache[str, int] = LRUCache(10 * TRACKED)  # by block id / text
+        self._shown: LRUCache[str, tuple[int, ...]] = LRUCache(MAX_TRACKED_SESSIONS)
+        self._offset: LRUCache[str, _Offset] = LRUCache(MAX_TRACKED_SESSIONS)
+        self._tokens: LRUCache[str, int] = LRUCache(10 * MAX_TRACKED_SESSIONS)  # by block id / text
 
     # -- counts -------------------------------------------------------------------
     def _count(self, key: str, messages: list[Message], services: EngineServices) -> int:

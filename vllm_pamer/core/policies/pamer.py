@@ -1,6 +1,8 @@
-"""PaMER (PaMER paper, Algorithm 1): vote-driven compression transactions and Top-K recall.
+"""PaMER: vote-driven compression transactions over a session's memories.
 
-Per request of a session:
+Two schedules decide when (``PamerConfig.schedule``): ``budget``, the default
+(``compaction.py``: compactions that keep vLLM's prefix cache), and ``paper``,
+the PaMER paper's Algorithm 1, here. Per request of a session:
 1. load the session's memories (corrupt rows are discarded, never repaired);
 2. take the view C_eff, then P / O / R (``core/view.py``);
 3. if tokens(O) >= ``min_candidate_tokens`` and the vote captured at this
@@ -27,6 +29,7 @@ from cachetools import LRUCache
 from vllm_pamer.core.blocks import Block, Message, Tool
 from vllm_pamer.core.engine import EngineServices
 from vllm_pamer.core.policies.base import (
+    MAX_TRACKED_SESSIONS,
     HeadVote,
     MemoryPolicy,
     PolicyContext,
@@ -48,9 +51,6 @@ from vllm_pamer.core.retry import with_retries
 from vllm_pamer.core.store import Memory, StoreError
 from vllm_pamer.core.text import serialize_messages
 from vllm_pamer.core.view import ContextView, context_view, flatten
-
-MAX_TRACKED_SESSIONS = 10_000
-"""Per-session state a policy keeps in memory (LRU beyond this)."""
 
 
 class _AheadSummary(msgspec.Struct):

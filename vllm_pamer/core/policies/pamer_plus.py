@@ -22,8 +22,14 @@ import msgspec
 from cachetools import LRUCache
 
 from vllm_pamer.core.blocks import Message
-from vllm_pamer.core.policies.base import PolicyContext, PolicyDecision, PolicyRequest, register_policy
-from vllm_pamer.core.policies.pamer import MAX_TRACKED_SESSIONS, Pamer
+from vllm_pamer.core.policies.base import (
+    MAX_TRACKED_SESSIONS,
+    PolicyContext,
+    PolicyDecision,
+    PolicyRequest,
+    register_policy,
+)
+from vllm_pamer.core.policies.pamer import Pamer
 from vllm_pamer.core.policies.pamer_config import PamerConfig
 from vllm_pamer.core.policies.summary import MEMORY_HEADER
 from vllm_pamer.core.retry import with_retries
