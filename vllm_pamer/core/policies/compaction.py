@@ -48,6 +48,8 @@ from vllm_pamer.core.schedule import (
 from vllm_pamer.core.store import Memory, MemoryStore
 from vllm_pamer.core.view import ContextView, context_view, flatten
 
+MIN_RECORD_SHARE = 0.05
+"""The shortest record a compaction writes, as a share of the budget."""
 CHARS_PER_TOKEN = 3.5
 """Characters a token, where a budget in tokens must become one in characters
 before anything is counted (the memory text after a restart)."""
@@ -203,10 +205,14 @@ class BudgetSchedule:
         fits = not services.max_model_len or sent_tokens < services.max_model_len
         vote = request.previous_vote
         why = trigger(budget, sent_tokens, fits, vote.compress_vote if vote is not None else None)
-        if why == "vote" and self._archivable(view, services) < budget.budget - budget.band_low:
-            # a vote inside the band compacts in large steps only: at least a band's worth goes
+        if (
+            why in ("vote", "top_of_band", "kv_pressure")
+            and self._archivable(view, services) < budget.budget - budget.band_low
+        ):
+            # compact in large steps only (at least a band's worth goes): a small one would
+            # recompute the cache for little; only the window forces one
+            notes.append(f"{why}: too little old history for a large step, no compaction")
             why = None
-            notes.append("vote to compress: too little old history yet for a large step")
         report = ScheduleReport(budget.budget, budget.band_low, budget.target, sent_tokens, kv_usage=kv)
         if why is None and vote is None and sent_tokens >= budget.band_low:
             notes.append("no vote captured (probe failure): no compaction inside the band")
@@ -234,8 +240,8 @@ class BudgetSchedule:
         return [Block(tuple(raw[b])) for b in ids if b in raw]
 
     def _archivable(self, view: ContextView, services: EngineServices) -> int:
-        """Tokens of the live blocks a compaction may archive: O."""
-        return sum(self._count(b.block_id, list(b.messages), services) for b in view.old)
+        """Tokens of the live blocks a compaction may archive: all but the newest."""
+        return sum(self._count(b.block_id, list(b.messages), services) for b in view.live[:-1])
 
     async def _compact(
         self,
@@ -256,13 +262,17 @@ class BudgetSchedule:
         live = list(view.live)
         prefix_tokens = self._count("prefix:" + str(hash(str(prefix))), prefix, services)
         block_tokens = [self._count(b.block_id, list(b.messages), services) for b in live]
-        record_tokens = int(cfg.record_share * budget.budget)
-        shown_tokens = sum(len(summary_part(m)) for m in shown) // 3
-        new_memory_tokens = cfg.summary_max_tokens + record_tokens
-        count = archive_count(
-            block_tokens, prefix_tokens + shown_tokens + new_memory_tokens, budget.target, cfg.retained_blocks
-        )
+        # the smallest new memory: its summary and a short record
+        least = prefix_tokens + cfg.summary_max_tokens + int(MIN_RECORD_SHARE * budget.budget)
+        count = archive_count(block_tokens, least, budget.target, cfg.retained_blocks)
+        if least + sum(block_tokens[count:]) > budget.target:
+            # R alone keeps the request from its target: keep only the newest block raw
+            count = archive_count(block_tokens, least, budget.target, 1)
         archived, kept = live[:count], live[count:]
+        kept_tokens = sum(block_tokens[count:])
+        # the memory text takes what the target leaves beside the prefix and the kept blocks,
+        # within its shares of the budget
+        room = min(cfg.memory_share * budget.budget, max(0, budget.target - prefix_tokens - kept_tokens))
         await store.log_event(
             session, "compression_started", {"blocks": len(archived), "sent_tokens": report.sent_tokens, "trigger": why}
         )
@@ -271,6 +281,9 @@ class BudgetSchedule:
         except StepFailure as failure:
             await store.log_event(session, failure.rule, {"error": failure.detail})
             return PolicyDecision(original, f"fallback:{failure.rule}", failure.detail, schedule=report)
+        summary_tokens = services.count_tokens([{"role": "user", "content": summary}])
+        shortest, longest = MIN_RECORD_SHARE * budget.budget, cfg.record_share * budget.budget
+        record_tokens = int(min(longest, max(shortest, room - summary_tokens)))
         chars = sum(len(str(m.get("content") or "")) for m in flatten(archived))
         chars_per_token = max(2.0, chars / max(1, sum(block_tokens[:count])))  # this conversation's own
         earlier = await self._archived_blocks(store, session, searchable)
@@ -279,11 +292,7 @@ class BudgetSchedule:
         # the memories shown after the compaction, and the request, before anything is stored
         next_id = max((m.id for m in searchable), default=0) + 1  # ids grow: it sorts where it will
         provisional = Memory(next_id, session, text, embedding, services.embedder_name, (), (), 0.0)
-        # the memories shown fit their share of the budget, and what the target leaves beside
-        # the prefix and the kept blocks (the newest is shown whatever its size)
-        kept_tokens = sum(block_tokens[count:])
-        room = min(cfg.memory_share * budget.budget, max(0, budget.target - prefix_tokens - kept_tokens))
-        memory_chars = int(room * chars_per_token)
+        memory_chars = int(room * chars_per_token)  # the newest is shown whatever its size
         query = self.host.captured_query(request, services, searchable) if searchable else None
         chosen = self._choose([*searchable, provisional], query, memory_chars)
         reduced = prefix + [shown_message(chosen)] + flatten(kept)
