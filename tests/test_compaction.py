@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 from tests.fakes import COMPRESS, KEEP, FakeEngine, blocking, conversation
-from vllm_pamer.core.blocks import protocol_issues, split_conversation
+from vllm_pamer.core.blocks import Block, protocol_issues, split_conversation
 from vllm_pamer.core.pipeline import rewrite_request
 from vllm_pamer.core.policies import PolicyContext, create_policy
 from vllm_pamer.core.policies.summary import MEMORY_HEADER
@@ -209,6 +209,18 @@ def test_the_record_respects_its_budget_and_cuts_the_least_alike_first():
     assert len(step_record(blocks, current, 4000)) < len(full)
     tight = step_record(blocks, current, 1500)
     assert "called lookup" in tight  # calls outlive results
+
+
+def test_the_record_never_leaves_out_the_newest_step():
+    """A step whose user turn alone is longer than the record's budget keeps
+    its call and the beginning and end of what the user said."""
+    blocks = list(split_conversation(conversation(3, chars=50)).blocks)
+    long_turn = {"role": "user", "content": "My booking is XK42Q9. " + "Please hurry. " * 60 + "Thanks, Omar."}
+    blocks[-1] = Block((*blocks[-1].messages, long_turn))
+    record = step_record(blocks, [], 400)
+    assert "(steps 1-2 omitted for space)" in record and "step 3:" in record
+    assert "called lookup" in record and "XK42Q9" in record and "Thanks, Omar." in record
+    assert len(record) <= 400 + 80
 
 
 def test_relevance_prefers_blocks_like_the_current_work():

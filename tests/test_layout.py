@@ -63,3 +63,12 @@ def test_the_readme_documents_every_option_of_every_policy():
             if not re.search(rf"`{field}`", text):
                 missing.append(f"{name}.{field}")
     assert not missing, "policy options the README does not mention: " + ", ".join(missing)
+
+
+def test_the_pre_commit_hooks_are_the_checks_of_make_lint():
+    import yaml  # a dependency of vLLM and transformers
+
+    recipe = (ROOT / "Makefile").read_text().split("\nlint:", 1)[1].split("\n\n", 1)[0]
+    make_lint = [line.strip().replace("$(VENV)", ".venv") for line in recipe.splitlines()[1:]]
+    hooks = yaml.safe_load((ROOT / ".pre-commit-config.yaml").read_text())["repos"][0]["hooks"]
+    assert [h["entry"] for h in hooks] == make_lint

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import threading
 import time
 
@@ -175,19 +176,25 @@ def budget_run(compress_server, trajectory):
 
 def test_budget_schedule_is_served_from_the_prefix_cache_between_compactions(budget_run):
     """Between two compactions what is sent only grows, so vLLM serves it from
-    its prefix cache: cache hits >= 80% of the prompt tokens there."""
-    steps, _, _ = budget_run
+    its prefix cache: each request reuses all the previous one computed but its
+    last partial KV block, and cache hits are >= 80% of the prompt tokens of
+    the requests between compactions (the rest: the new steps)."""
+    steps, _, metrics = budget_run
+    block = int(re.search(r'vllm:cache_config_info\{[^}]*block_size="(\d+)"', metrics).group(1))
     reports = [report for _, report, _ in steps]
+    usage = [(u.prompt_tokens, u.prompt_tokens_details.cached_tokens) for _, _, u in steps]
     compactions = [i for i, r in enumerate(reports) if r["action"] == "compressed"]
     assert len(compactions) >= 2, [r["action"] for r in reports]
-    first, second = compactions[:2]
-    between = steps[first + 1 : second]
-    assert between, "two compactions in a row"
-    for (_, now, _), (_, later, _) in itertools.pairwise(between):
-        assert later["messages_sent"][: len(now["messages_sent"])] == now["messages_sent"]  # append-only
-    prompt = sum(usage.prompt_tokens for _, _, usage in between)
-    cached = sum(usage.prompt_tokens_details.cached_tokens for _, _, usage in between)
-    assert cached >= 0.8 * prompt, f"cache hits {cached}/{prompt} between compactions {first} and {second}"
+    between = [i for first, second in itertools.pairwise(compactions) for i in range(first + 1, second)]
+    assert between, "compactions back to back"
+    for i in between:
+        if i - 1 not in compactions:
+            now, later = reports[i - 1]["messages_sent"], reports[i]["messages_sent"]
+            assert later[: len(now)] == now  # append-only
+        assert usage[i][1] >= usage[i - 1][0] - block, (i, usage)  # all of the previous request reused
+    prompt = sum(usage[i][0] for i in between)
+    cached = sum(usage[i][1] for i in between)
+    assert cached >= 0.8 * prompt, f"cache hits {cached}/{prompt} between compactions {compactions}: {usage}"
     for report in reports:
         schedule = report["schedule"]
         assert schedule["budget"] == 3600 and schedule["band_low"] == 2700
@@ -204,5 +211,6 @@ def test_budget_schedule_is_visible_in_the_session_and_the_metrics(budget_run):
     assert compressed and all(e["detail"]["trigger"] and e["detail"]["cache_break_tokens"] > 0 for e in compressed)
     assert "vllm_pamer_cache_break_tokens_total" in metrics
     assert 'vllm_pamer_compactions_total{policy="pamer_budget"' in metrics
-    memory = session["memories"][0]["summary"]
-    assert "Record of the archived steps" in memory and "called " in memory  # calls kept verbatim
+    memories = [m["summary"] for m in session["memories"]]
+    assert all("Record of the archived steps" in m for m in memories)
+    assert any("called " in m for m in memories)  # calls kept verbatim

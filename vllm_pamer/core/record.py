@@ -8,7 +8,9 @@ results for the steps most like the current work (the blocks kept raw), as
 the PaMER paper found restored raw steps worth more than summaries. A result
 that does not fit whole keeps its beginning and its end. When even the calls
 do not fit, the oldest steps are left out, and the record says so. It is
-readable text, never a list of extracted values.
+readable text, never a list of extracted values. The newest step is never
+left out: when it alone is too long, its calls and user turns keep their
+beginning and end.
 """
 
 from __future__ import annotations
@@ -54,6 +56,10 @@ AGENT_CHARS = (400, 160, 0)
 them before it leaves any step out (the calls and user turns stay whole)."""
 
 
+LINE_CHARS_MIN = 80
+"""Characters a call or user turn keeps, at the least, when the newest step alone is too long."""
+
+
 class _Step:
     """One archived block: the agent's words, its calls, the user's turns, its results."""
 
@@ -73,6 +79,8 @@ class _Step:
             elif text:  # a tool (or function) result
                 self.results.append(text)
         self.agent_chars = AGENT_CHARS[0]
+        self.line_chars = 0
+        """Characters of each call and user turn shown (0: whole)."""
         self.excerpt = [len(r) for r in self.results]
         """Characters of each result shown (0: left out)."""
 
@@ -80,7 +88,7 @@ class _Step:
         lines = [f"step {self.number}:"]
         for kind, text in self.lines:
             if kind != "agent":
-                lines.append(f"  {text}")
+                lines.append(f"  {cap_head_and_tail(text, self.line_chars) if self.line_chars else text}")
             elif self.agent_chars:
                 lines.append(f"  agent: {cap_head_and_tail(text, self.agent_chars)}")
         for result, chars in zip(self.results, self.excerpt):
@@ -139,9 +147,15 @@ def step_record(blocks: Sequence[Block], current: Sequence[Block], budget_chars:
             break
         for step in steps:
             step.agent_chars = chars
-    while steps and size() > budget_chars:
+    while len(steps) > 1 and size() > budget_chars:
         steps.pop(0)
         omitted += 1
+    if steps and size() > budget_chars:  # the newest step alone is too long: shorten its lines
+        newest = steps[0]
+        longest = max((len(t) for k, t in newest.lines if k != "agent"), default=0)
+        newest.line_chars = max(LINE_CHARS_MIN, longest - (size() - budget_chars))
+        while newest.line_chars > LINE_CHARS_MIN and size() > budget_chars:
+            newest.line_chars = max(LINE_CHARS_MIN, newest.line_chars * 3 // 4)
     # 2. the beginning of every result, oldest first, while there is room
     for step in steps:
         trial = [min(HEAD_EXCERPT, c) for c in full[id(step)]]
