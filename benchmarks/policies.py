@@ -55,7 +55,7 @@ from vllm_pamer.trajectories import load_trajectories
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT.parent / "shared" / "data" / "trajectories"
-POLICIES = "none,recent_k,pamer,pamer_conv,pamer_tight,pamer_paper,sam"
+POLICIES = "none,recent_k,pamer,pamer_tight,pamer_paper,sam"
 TIGHT_BUDGET = 4096
 """The tight operating point's context budget: half the embedded model's window."""
 RUN_OPTIONS = (
@@ -86,11 +86,11 @@ def shared_or_shipped(name: str, kind: str) -> list[dict]:
 
 def policy_options(summary_tokens: int) -> dict[str, dict]:
     n = summary_tokens
-    paper = {"policy": "pamer", "schedule": "paper", "summary_max_tokens": n}
+    paper = {"policy": "pamer", "schedule": "paper", "summary_max_tokens": n, "summary_layout": "text"}
     return {
         "pamer": {"summary_max_tokens": n},  # the budget schedule at its defaults
-        # the budget schedule whose summary request resends the conversation the engine saw (prefix-cache hits)
-        "pamer_conv": {"policy": "pamer", "summary_max_tokens": n, "summary_layout": "conversation"},
+        # the budget schedule with the paper's summary request (the old steps as one text)
+        "pamer_text": {"policy": "pamer", "summary_max_tokens": n, "summary_layout": "text"},
         # the tight operating point: a context budget of half the window
         "pamer_tight": {"policy": "pamer", "summary_max_tokens": n, "context_budget": TIGHT_BUDGET},
         "pamer_paper": paper,  # the paper's schedule (Algorithm 1), what `pamer` was before the budget schedule

@@ -19,7 +19,7 @@ from vllm_pamer.core.schedule import archive_count, budget_for, kv_scale, trigge
 from vllm_pamer.stores.sqlite import SqliteStore
 
 # conversation(n) is about 32 + 231 n tokens here; the budget below puts the band at 1,500-2,000
-BUDGET = {"context_budget": 2000, "record_share": 0.2, "memory_share": 0.35}
+BUDGET = {"context_budget": 2000, "band_share": 0.25, "target_share": 0.5, "record_share": 0.2, "memory_share": 0.35}
 
 
 @pytest.fixture

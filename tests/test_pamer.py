@@ -372,9 +372,9 @@ def test_conversation_layout_falls_back_to_text(store):
     outcome = run(conversation(8), store, services, COMPRESS, summary_layout="conversation")
     assert outcome.action == "compressed" and services.summaries == 1 and len(services.conversations) == 1
     assert blocking(store).load("s1").memories[0].summary.startswith("SUMMARY")
-    # the default (the paper's text layout) never sends the conversation
+    # the paper's text layout (PaMER+'s default) never sends the conversation
     services = ConversationServices()
-    run(conversation(8), store, services, COMPRESS, session="s2")
+    run(conversation(8), store, services, COMPRESS, session="s2", summary_layout="text")
     assert services.conversations == [] and services.summaries == 1
     with pytest.raises(ValueError, match="summary_layout"):
         create_policy("pamer", {"schedule": "paper", "summary_layout": "chat"})

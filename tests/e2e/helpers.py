@@ -46,7 +46,13 @@ OPTIONS_BY_POLICY = {
         "summary_layout": "conversation",
         "summary_max_tokens": 48,
     },
-    "pamer_budget": {"policy": "pamer", "context_budget": 3600, "summary_max_tokens": 48},
+    "pamer_budget": {
+        "policy": "pamer",
+        "context_budget": 3600,
+        "band_share": 0.25,
+        "target_share": 0.5,
+        "summary_max_tokens": 48,
+    },
 }
 
 

@@ -54,11 +54,13 @@ class TokenCounter:
         return len(self.ids(sent, **{**(template_kwargs or {}), "tools": tools or None}))
 
     def span(self, messages: Sequence[Message]) -> int:
-        """Tokens of part of a conversation (no generation prompt)."""
+        """Tokens of part of a conversation (no generation prompt), rendered as
+        a request renders it (a template that knows no tools would otherwise
+        drop the calls, and blocks would count short)."""
         if not messages:
             return 0
         try:
-            return len(self.ids(messages, add_generation_prompt=False))
+            return len(self.ids(self.render(list(messages)), add_generation_prompt=False))
         except Exception:  # a template that refuses a partial conversation
             text = "\n".join(str(m.get("content") or "") for m in messages)
             return len(self.tokenizer.encode(text, add_special_tokens=False))

@@ -114,6 +114,18 @@ class _Offset(msgspec.Struct, frozen=True):
     tokens: int
 
 
+class _Plan(msgspec.Struct, frozen=True):
+    """The blocks a compaction now would archive (the ``count`` oldest live ones)."""
+
+    count: int
+    prefix_tokens: int
+    block_tokens: list[int]
+
+    @property
+    def archived_tokens(self) -> int:
+        return sum(self.block_tokens[: self.count])
+
+
 class BudgetSchedule:
     def __init__(self, host: CompactionHost) -> None:
         self.host = host
@@ -205,9 +217,8 @@ class BudgetSchedule:
         fits = not services.max_model_len or sent_tokens < services.max_model_len
         vote = request.previous_vote
         why = trigger(budget, sent_tokens, fits, vote.compress_vote if vote is not None else None)
-        if (
-            why in ("vote", "top_of_band", "kv_pressure")
-            and self._archivable(view, services) < budget.budget - budget.band_low
+        if why in ("vote", "top_of_band", "kv_pressure") and self._plan(view, budget, services).archived_tokens < (
+            budget.budget - budget.band_low
         ):
             # compact in large steps only (at least a band's worth goes): a small one would
             # recompute the cache for little; only the window forces one
@@ -239,9 +250,20 @@ class BudgetSchedule:
         raw = await store.raw_blocks(session, ids) if ids else {}
         return [Block(tuple(raw[b])) for b in ids if b in raw]
 
-    def _archivable(self, view: ContextView, services: EngineServices) -> int:
-        """Tokens of the live blocks a compaction may archive: all but the newest."""
-        return sum(self._count(b.block_id, list(b.messages), services) for b in view.live[:-1])
+    def _plan(self, view: ContextView, budget: Budget, services: EngineServices) -> _Plan:
+        """Which blocks a compaction now would archive: the oldest, until the
+        prefix, the smallest new memory (its summary and a short record) and the
+        blocks left reach the target; R stays raw unless it alone keeps the
+        request from its target, then only the newest block does."""
+        cfg = self.host.config
+        prefix = list(view.prefix)
+        prefix_tokens = self._count("prefix:" + str(hash(str(prefix))), prefix, services)
+        block_tokens = [self._count(b.block_id, list(b.messages), services) for b in view.live]
+        least = prefix_tokens + cfg.summary_max_tokens + int(MIN_RECORD_SHARE * budget.budget)
+        count = archive_count(block_tokens, least, budget.target, cfg.retained_blocks)
+        if least + sum(block_tokens[count:]) > budget.target:
+            count = archive_count(block_tokens, least, budget.target, 1)
+        return _Plan(count, prefix_tokens, block_tokens)
 
     async def _compact(
         self,
@@ -260,14 +282,8 @@ class BudgetSchedule:
         original = request.conversation.messages()
         prefix = list(view.prefix)
         live = list(view.live)
-        prefix_tokens = self._count("prefix:" + str(hash(str(prefix))), prefix, services)
-        block_tokens = [self._count(b.block_id, list(b.messages), services) for b in live]
-        # the smallest new memory: its summary and a short record
-        least = prefix_tokens + cfg.summary_max_tokens + int(MIN_RECORD_SHARE * budget.budget)
-        count = archive_count(block_tokens, least, budget.target, cfg.retained_blocks)
-        if least + sum(block_tokens[count:]) > budget.target:
-            # R alone keeps the request from its target: keep only the newest block raw
-            count = archive_count(block_tokens, least, budget.target, 1)
+        plan = self._plan(view, budget, services)
+        count, prefix_tokens, block_tokens = plan.count, plan.prefix_tokens, plan.block_tokens
         archived, kept = live[:count], live[count:]
         kept_tokens = sum(block_tokens[count:])
         # the memory text takes what the target leaves beside the prefix and the kept blocks,

@@ -23,9 +23,9 @@ class PamerConfig(SummaryConfig, frozen=True):
     the ``X-Pamer-Context-Budget`` header (or ``pamer_context_budget``)."""
     budget_share: float = 0.75
     """``budget``: the default budget as a share of the served window."""
-    band_share: float = 0.25
+    band_share: float = 0.2
     """``budget``: the band is the top ``band_share`` of the budget; there the vote decides."""
-    target_share: float = 0.5
+    target_share: float = 0.4
     """``budget``: a compaction archives old blocks until the request is at
     most this share of the budget."""
     kv_pressure: bool = True
@@ -41,6 +41,10 @@ class PamerConfig(SummaryConfig, frozen=True):
     (``core/record.py``) takes at most this share of the budget."""
     memory_share: float = 0.3
     """``budget``: the memories a request shows take at most this share of the budget."""
+    summary_layout: str = "conversation"
+    """As in ``SummaryConfig``; PaMER's default resends the conversation the
+    engine saw last, so the summary's prefill comes from the prefix cache
+    (``benchmarks/RESULTS.md`` compares the two layouts)."""
     min_candidate_tokens: int = 1024
     """``paper``: compression gate, tokens(O) must reach this."""
     top_k: int = 3

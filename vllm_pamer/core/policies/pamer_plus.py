@@ -68,6 +68,8 @@ class PamerPlusConfig(PamerConfig, frozen=True):
     schedule: str = "paper"
     """PaMER+ recalls step evidence on every recalling request (PaMER paper,
     Algorithm 2), so it runs the paper's schedule (see ``PamerConfig``)."""
+    summary_layout: str = "text"
+    """The paper's summary request (see ``SummaryConfig``)."""
     selector_max_tokens: int = 192
     """Output limit of the selector's JSON answer."""
     max_selected_steps: int = 8
