@@ -140,7 +140,7 @@ def simulate(policy_name: str, options: dict, trajectories: list[dict], args: ar
                 available += available_count(values, evidence_messages(sent, history, kind))
                 chars_out += context_chars(sent)
     share = chars_out / chars_in if chars_in else 0.0
-    recency = recency_at(recency_frontier(trajectories, range(1, 40), args.max_steps), share)
+    recency = recency_at(recency_frontier(trajectories, range(1, 40), args.max_steps or None), share)
     evidence = available / needed if needed else 0.0
     return {
         "prefill": prefill + engine.summary_prefill,
@@ -160,7 +160,7 @@ def main() -> None:
     parser.add_argument(
         "--pool", type=int, default=16, help="mini-swe: draw from the first N, as benchmarks.policies --swe"
     )
-    parser.add_argument("--max-steps", type=int, default=30)
+    parser.add_argument("--max-steps", type=int, default=30, help="first N requests of each trajectory (0: all)")
     parser.add_argument("--policies", default="recent_k,pamer")
     parser.add_argument("--options", default="{}", help="JSON: per policy, options over benchmarks.policies' own")
     parser.add_argument("--vote-p", type=float, default=0.8, help="chance the heads vote compress")
