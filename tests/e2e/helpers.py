@@ -48,7 +48,7 @@ OPTIONS_BY_POLICY = {
     },
     "pamer_budget": {
         "policy": "pamer",
-        "context_budget": 3600,
+        "context_budget": 4800,
         "band_share": 0.25,
         "target_share": 0.5,
         "summary_max_tokens": 48,

@@ -197,7 +197,7 @@ def test_budget_schedule_is_served_from_the_prefix_cache_between_compactions(bud
     assert cached >= 0.8 * prompt, f"cache hits {cached}/{prompt} between compactions {compactions}: {usage}"
     for report in reports:
         schedule = report["schedule"]
-        assert schedule["budget"] == 3600 and schedule["band_low"] == 2700
+        assert schedule["budget"] == 4800 and schedule["band_low"] == 3600
         assert protocol_issues(report["messages_sent"]) == []
     for i in compactions:  # always-compress heads: each fires on the vote, inside the band or at its top
         assert reports[i]["schedule"]["trigger"] in ("vote", "top_of_band")
@@ -206,7 +206,7 @@ def test_budget_schedule_is_served_from_the_prefix_cache_between_compactions(bud
 
 def test_budget_schedule_is_visible_in_the_session_and_the_metrics(budget_run):
     _, session, metrics = budget_run
-    assert session["last_schedule"]["budget"] == 3600
+    assert session["last_schedule"]["budget"] == 4800
     compressed = [e for e in session["events"] if e["kind"] == "compressed"]
     assert compressed and all(e["detail"]["trigger"] and e["detail"]["cache_break_tokens"] > 0 for e in compressed)
     assert "vllm_pamer_cache_break_tokens_total" in metrics
