@@ -59,8 +59,9 @@ class TokenCounter:
         drop the calls, and blocks would count short)."""
         if not messages:
             return 0
+        rendered = self.render(list(messages))
         try:
-            return len(self.ids(self.render(list(messages)), add_generation_prompt=False))
+            return len(self.ids(rendered, add_generation_prompt=False))
         except Exception:  # a template that refuses a partial conversation
-            text = "\n".join(str(m.get("content") or "") for m in messages)
+            text = "\n".join(str(m.get("content") or "") for m in rendered)
             return len(self.tokenizer.encode(text, add_special_tokens=False))

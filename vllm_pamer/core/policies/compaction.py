@@ -188,9 +188,10 @@ class BudgetSchedule:
         for memory in rest:
             if len(chosen) == self.host.config.top_k:
                 break
-            if used + len(summary_part(memory)) <= budget_chars:
+            chars = len(summary_part(memory))
+            if used + chars <= budget_chars:
                 chosen.append(memory)
-                used += len(summary_part(memory))
+                used += chars
         return sorted(chosen, key=lambda m: m.id)
 
     # -- one request ------------------------------------------------------------------
@@ -217,9 +218,8 @@ class BudgetSchedule:
         fits = not services.max_model_len or sent_tokens < services.max_model_len
         vote = request.previous_vote
         why = trigger(budget, sent_tokens, fits, vote.compress_vote if vote is not None else None)
-        if why in ("vote", "top_of_band", "kv_pressure") and self._plan(view, budget, services).archived_tokens < (
-            budget.budget - budget.band_low
-        ):
+        plan = self._plan(view, budget, services) if why is not None else None
+        if plan is not None and why != "window" and plan.archived_tokens < budget.budget - budget.band_low:
             # compact in large steps only (at least a band's worth goes): a small one would
             # recompute the cache for little; only the window forces one
             notes.append(f"{why}: too little old history for a large step, no compaction")
@@ -228,8 +228,8 @@ class BudgetSchedule:
         if why is None and vote is None and sent_tokens >= budget.band_low:
             notes.append("no vote captured (probe failure): no compaction inside the band")
             await store.log_event(session, "probe_missing", {"sent_tokens": sent_tokens})
-        if why is not None and len(view.live) > cfg.retained_blocks:
-            return await self._compact(request, context, view, shown, budget, why, report, searchable, notes)
+        if why is not None and plan is not None and len(view.live) > cfg.retained_blocks:
+            return await self._compact(request, context, view, plan, shown, budget, why, report, searchable, notes)
         if not view.covered and not shown:
             return PolicyDecision(original, "none", "; ".join(notes), schedule=report)
         key = "memory-text:" + ",".join(map(str, shown_ids))
@@ -270,6 +270,7 @@ class BudgetSchedule:
         request: PolicyRequest,
         context: PolicyContext,
         view: ContextView,
+        plan: _Plan,
         shown: list[Memory],
         budget: Budget,
         why: Trigger,
@@ -282,7 +283,6 @@ class BudgetSchedule:
         original = request.conversation.messages()
         prefix = list(view.prefix)
         live = list(view.live)
-        plan = self._plan(view, budget, services)
         count, prefix_tokens, block_tokens = plan.count, plan.prefix_tokens, plan.block_tokens
         archived, kept = live[:count], live[count:]
         kept_tokens = sum(block_tokens[count:])
