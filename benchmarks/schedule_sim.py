@@ -15,6 +15,7 @@ themselves. Printed: one line per policy; measured figures come from
 ``benchmarks/policies.py`` (benchmarks/RESULTS.md compares the two).
 
     .venv/bin/python -m benchmarks.schedule_sim --kind swe --n 8 --max-steps 30
+    .venv/bin/python -m benchmarks.schedule_sim --kind swe --offset 16 --pool 32 --n 32  # off the run's own
     .venv/bin/python -m benchmarks.schedule_sim --kind tau --n 12 --policies none,recent_k,pamer \\
         --options '{"pamer": {"target_share": 0.5, "band_share": 0.25}}'
 """
@@ -160,6 +161,12 @@ def main() -> None:
     parser.add_argument(
         "--pool", type=int, default=16, help="mini-swe: draw from the first N, as benchmarks.policies --swe"
     )
+    parser.add_argument(
+        "--offset",
+        type=int,
+        default=0,
+        help="skip the first N trajectories (16: settings chosen off the benchmark's own)",
+    )
     parser.add_argument("--max-steps", type=int, default=30, help="first N requests of each trajectory (0: all)")
     parser.add_argument("--policies", default="recent_k,pamer")
     parser.add_argument("--options", default="{}", help="JSON: per policy, options over benchmarks.policies' own")
@@ -174,6 +181,7 @@ def main() -> None:
     counter = TokenCounter(AutoTokenizer.from_pretrained(str(ensure_default_model(quiet=True))), render_tools_as_text)
     name = "tau_airline" if args.kind == "tau" else "mini_swe"
     loaded = load_trajectories(DATA / f"{name}.jsonl.gz")
+    loaded = loaded[args.offset :]
     pool = loaded[: args.pool] if args.kind == "swe" else loaded
     trajectories = random.Random(args.seed).sample(pool, len(pool))[: args.n]
     known, extra = policy_options(args.summary_tokens), json.loads(args.options)

@@ -6,6 +6,7 @@ it buys on the real server: tests/e2e/test_pamer_serve.py."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
@@ -178,6 +179,19 @@ def test_the_memory_keeps_exact_values_of_the_archived_steps(store):
     assert shown.startswith(MEMORY_HEADER) and "ZQ8V1X" in shown
 
 
+def test_the_record_has_its_share_before_old_blocks_stay_raw(store):
+    """With a task taking much of the target, a compaction archives raw blocks
+    so that the record still gets its share of the budget."""
+    task = {"role": "user", "content": "Task: fix ID-task. " + "context " * 300}  # ~600 tokens
+    messages = conversation(0)[:1] + [task] + conversation(9)[2:]
+    out = Session(store).send(messages, vote=COMPRESS)
+    assert out.action == "compressed"
+    [memory] = blocking(store).load("s1").memories
+    record = memory.summary.split(RECORD_HEADER, 1)[1]
+    share = BUDGET["record_share"] * BUDGET["context_budget"] * 4  # FakeEngine: 4 characters a token
+    assert 0.8 * share <= len(record) <= 1.05 * share
+
+
 def test_a_failed_summary_removes_and_stores_nothing(store):
     services = FakeEngine(window=8192, summary_error=RuntimeError("engine down"))
     messages = conversation(9)
@@ -221,6 +235,24 @@ def test_the_record_never_leaves_out_the_newest_step():
     assert "(steps 1-2 omitted for space)" in record and "step 3:" in record
     assert "called lookup" in record and "XK42Q9" in record and "Thanks, Omar." in record
     assert len(record) <= 400 + 80
+
+
+def test_a_long_call_keeps_its_ends_before_earlier_steps_leave():
+    """A file written inline makes one call longer than the record: it keeps its
+    beginning (the path) and end, and the earlier steps stay."""
+    blocks = list(split_conversation(conversation(4, chars=50)).blocks)
+    source = "def handler():\n" + "    x = compute()\n" * 400 + "    return FINAL_LINE\n"
+    arguments = json.dumps({"command": f"cat <<'EOF' > src/app/handlers.py\n{source}EOF"})
+    call = {"id": "w1", "type": "function", "function": {"name": "bash", "arguments": arguments}}
+    write = (
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "w1", "content": "ok"},
+    )
+    blocks[2] = Block(write)
+    record = step_record(blocks, [], 2500)
+    assert "omitted for space" not in record and "step 1:" in record
+    assert "src/app/handlers.py" in record and "FINAL_LINE" in record
+    assert len(record) <= 2500 < len(arguments)
 
 
 def test_relevance_prefers_blocks_like_the_current_work():

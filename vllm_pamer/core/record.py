@@ -2,7 +2,8 @@
 summary, so exact values survive a compaction whatever the summarizer writes.
 
 For each archived block, in order: the agent's tool calls with their exact
-arguments and what the user said (instructions, corrections), verbatim; then,
+arguments (a very long one, a file written inline, keeps its beginning and
+end) and what the user said (instructions, corrections), verbatim; then,
 as the character budget allows, the beginning of every tool result, and whole
 results for the steps most like the current work (the blocks kept raw), as
 the PaMER paper found restored raw steps worth more than summaries. A result
@@ -53,7 +54,13 @@ def _one_line(text: str) -> str:
 
 AGENT_CHARS = (400, 160, 0)
 """The agent's own words kept per step, longest first; the record shortens
-them before it leaves any step out (the calls and user turns stay whole)."""
+them before it leaves any step out."""
+CALL_CHARS = (0, 1500)
+"""Characters each tool call keeps (0: whole), tried in turn after the agent's
+words: a long call (a file written inline) keeps its beginning and end, so it
+does not push whole earlier steps out. User turns stay whole."""
+GAP = " [...] "
+"""Where the record left out the middle of a call or result."""
 
 
 LINE_CHARS_MIN = 80
@@ -79,21 +86,24 @@ class _Step:
             elif text:  # a tool (or function) result
                 self.results.append(text)
         self.agent_chars = AGENT_CHARS[0]
+        self.call_chars = CALL_CHARS[0]
+        """Characters of each call shown (0: whole)."""
         self.line_chars = 0
-        """Characters of each call and user turn shown (0: whole)."""
+        """Characters of each call and user turn of the newest step alone (0: whole)."""
         self.excerpt = [len(r) for r in self.results]
         """Characters of each result shown (0: left out)."""
 
     def render(self) -> str:
         lines = [f"step {self.number}:"]
         for kind, text in self.lines:
+            chars = self.line_chars or (self.call_chars if kind == "call" else 0)
             if kind != "agent":
-                lines.append(f"  {cap_head_and_tail(text, self.line_chars) if self.line_chars else text}")
+                lines.append(f"  {cap_head_and_tail(text, chars, GAP) if chars else text}")
             elif self.agent_chars:
-                lines.append(f"  agent: {cap_head_and_tail(text, self.agent_chars)}")
+                lines.append(f"  agent: {cap_head_and_tail(text, self.agent_chars, GAP)}")
         for result, chars in zip(self.results, self.excerpt):
             if chars:
-                lines.append("  result: " + cap_head_and_tail(result, chars).replace("\n", "\n    "))
+                lines.append("  result: " + cap_head_and_tail(result, chars, GAP).replace("\n", "\n    "))
         return "\n".join(lines)
 
 
@@ -137,8 +147,8 @@ def step_record(blocks: Sequence[Block], current: Sequence[Block], budget_chars:
     def size() -> int:
         return len(RECORD_HEADER) + len(note()) + 1 + sum(len(s.render()) + 1 for s in steps)
 
-    # 1. the skeleton: the calls and user turns of every step, the agent's words shortened,
-    #    then the oldest steps dropped if even that is too long
+    # 1. the skeleton: the calls and user turns of every step, the agent's words then long
+    #    calls shortened, then the oldest steps dropped if even that is too long
     full = {id(s): list(s.excerpt) for s in steps}
     for step in steps:
         step.excerpt = [0] * len(step.results)
@@ -147,6 +157,11 @@ def step_record(blocks: Sequence[Block], current: Sequence[Block], budget_chars:
             break
         for step in steps:
             step.agent_chars = chars
+    for chars in CALL_CHARS[1:]:
+        if size() <= budget_chars:
+            break
+        for step in steps:
+            step.call_chars = chars
     while len(steps) > 1 and size() > budget_chars:
         steps.pop(0)
         omitted += 1

@@ -24,10 +24,13 @@ def serialize_messages(messages: Sequence[Message]) -> str:
     return "\n".join(lines)
 
 
-def cap_head_and_tail(text: str, budget: int) -> str:
-    """Keep the beginning and the end of ``text`` within ``budget`` characters."""
+HISTORY_GAP = "\n[... middle of the history omitted ...]\n"
+
+
+def cap_head_and_tail(text: str, budget: int, marker: str = HISTORY_GAP) -> str:
+    """Keep the beginning and the end of ``text`` within ``budget`` characters,
+    ``marker`` where the middle was."""
     if len(text) <= budget:
         return text
-    marker = "\n[... middle of the history omitted ...]\n"
     keep = max(0, budget - len(marker))
     return text[: keep // 2] + marker + text[len(text) - (keep - keep // 2) :]

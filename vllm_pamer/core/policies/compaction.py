@@ -48,8 +48,6 @@ from vllm_pamer.core.schedule import (
 from vllm_pamer.core.store import Memory, MemoryStore
 from vllm_pamer.core.view import ContextView, context_view, flatten
 
-MIN_RECORD_SHARE = 0.05
-"""The shortest record a compaction writes, as a share of the budget."""
 CHARS_PER_TOKEN = 3.5
 """Characters a token, where a budget in tokens must become one in characters
 before anything is counted (the memory text after a restart)."""
@@ -252,14 +250,16 @@ class BudgetSchedule:
 
     def _plan(self, view: ContextView, budget: Budget, services: EngineServices) -> _Plan:
         """Which blocks a compaction now would archive: the oldest, until the
-        prefix, the smallest new memory (its summary and a short record) and the
-        blocks left reach the target; R stays raw unless it alone keeps the
+        prefix, the new memory (its summary and its record's share of the
+        budget) and the blocks left reach the target; R stays raw unless it alone keeps the
         request from its target, then only the newest block does."""
         cfg = self.host.config
         prefix = list(view.prefix)
         prefix_tokens = self._count("prefix:" + str(hash(str(prefix))), prefix, services)
         block_tokens = [self._count(b.block_id, list(b.messages), services) for b in view.live]
-        least = prefix_tokens + cfg.summary_max_tokens + int(MIN_RECORD_SHARE * budget.budget)
+        # The record has its room before any raw block is kept: a line of many
+        # archived steps carries more of what comes next than one more old block.
+        least = prefix_tokens + cfg.summary_max_tokens + int(cfg.record_share * budget.budget)
         count = archive_count(block_tokens, least, budget.target, cfg.retained_blocks)
         if least + sum(block_tokens[count:]) > budget.target:
             count = archive_count(block_tokens, least, budget.target, 1)
@@ -297,9 +297,7 @@ class BudgetSchedule:
         except StepFailure as failure:
             await store.log_event(session, failure.rule, {"error": failure.detail})
             return PolicyDecision(original, f"fallback:{failure.rule}", failure.detail, schedule=report)
-        summary_tokens = services.count_tokens([{"role": "user", "content": summary}])
-        shortest, longest = MIN_RECORD_SHARE * budget.budget, cfg.record_share * budget.budget
-        record_tokens = int(min(longest, max(shortest, room - summary_tokens)))
+        record_tokens = int(cfg.record_share * budget.budget)
         chars = sum(len(str(m.get("content") or "")) for m in flatten(archived))
         chars_per_token = max(2.0, chars / max(1, sum(block_tokens[:count])))  # this conversation's own
         earlier = await self._archived_blocks(store, session, searchable)

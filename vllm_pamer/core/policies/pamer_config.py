@@ -38,7 +38,8 @@ class PamerConfig(SummaryConfig, frozen=True):
     """``budget``: the smallest share of the budget KV pressure leaves."""
     record_share: float = 0.15
     """``budget``: the verbatim record of the steps a compaction archives
-    (``core/record.py``) takes at most this share of the budget."""
+    (``core/record.py``) has this share of the budget; a compaction archives
+    enough raw blocks to make room for it."""
     memory_share: float = 0.3
     """``budget``: the memories a request shows take at most this share of the budget."""
     summary_layout: str = "conversation"
