@@ -286,8 +286,8 @@ class BudgetSchedule:
         count, prefix_tokens, block_tokens = plan.count, plan.prefix_tokens, plan.block_tokens
         archived, kept = live[:count], live[count:]
         kept_tokens = sum(block_tokens[count:])
-        # the memory text takes what the target leaves beside the prefix and the kept blocks,
-        # within its shares of the budget
+        # the memories shown take what the target leaves beside the prefix and the kept blocks,
+        # within memory_share; the new one (its record has record_share) is shown whatever its size
         room = min(cfg.memory_share * budget.budget, max(0, budget.target - prefix_tokens - kept_tokens))
         await store.log_event(
             session, "compression_started", {"blocks": len(archived), "sent_tokens": report.sent_tokens, "trigger": why}
