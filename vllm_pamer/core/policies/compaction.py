@@ -113,11 +113,13 @@ class _Offset(msgspec.Struct, frozen=True):
 
 
 class _Plan(msgspec.Struct, frozen=True):
-    """The blocks a compaction now would archive (the ``count`` oldest live ones)."""
+    """The blocks a compaction now would archive (the ``count`` oldest live ones)
+    and the room it keeps for the new memory's record."""
 
     count: int
     prefix_tokens: int
     block_tokens: list[int]
+    record_tokens: int
 
     @property
     def archived_tokens(self) -> int:
@@ -259,11 +261,12 @@ class BudgetSchedule:
         block_tokens = [self._count(b.block_id, list(b.messages), services) for b in view.live]
         # The record has its room before any raw block is kept: a line of many
         # archived steps carries more of what comes next than one more old block.
-        least = prefix_tokens + cfg.summary_max_tokens + int(cfg.record_share * budget.budget)
+        record_tokens = int(cfg.record_share * budget.budget)
+        least = prefix_tokens + cfg.summary_max_tokens + record_tokens
         count = archive_count(block_tokens, least, budget.target, cfg.retained_blocks)
         if least + sum(block_tokens[count:]) > budget.target:
             count = archive_count(block_tokens, least, budget.target, 1)
-        return _Plan(count, prefix_tokens, block_tokens)
+        return _Plan(count, prefix_tokens, block_tokens, record_tokens)
 
     async def _compact(
         self,
@@ -297,11 +300,10 @@ class BudgetSchedule:
         except StepFailure as failure:
             await store.log_event(session, failure.rule, {"error": failure.detail})
             return PolicyDecision(original, f"fallback:{failure.rule}", failure.detail, schedule=report)
-        record_tokens = int(cfg.record_share * budget.budget)
         chars = sum(len(str(m.get("content") or "")) for m in flatten(archived))
         chars_per_token = max(2.0, chars / max(1, sum(block_tokens[:count])))  # this conversation's own
         earlier = await self._archived_blocks(store, session, searchable)
-        record = step_record(earlier + archived, kept, int(record_tokens * chars_per_token))
+        record = step_record(earlier + archived, kept, int(plan.record_tokens * chars_per_token))
         text = f"{summary}\n\n{record}"
         # the memories shown after the compaction, and the request, before anything is stored
         next_id = max((m.id for m in searchable), default=0) + 1  # ids grow: it sorts where it will
