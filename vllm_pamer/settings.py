@@ -26,6 +26,11 @@ _JSON_FIELDS = ("policy_options", "options_by_policy")
 _FALSE = ("0", "false", "no", "off")
 
 
+def _bool_fields(cls: type[msgspec.Struct]) -> set[str]:
+    """Fields that are on / off switches (flags ``--pamer-<field>`` / ``--pamer-no-<field>``)."""
+    return {f.name for f in msgspec.structs.fields(cls) if f.type is bool}
+
+
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
     policy: str | None = None
     """Memory policy of requests that name none. Unset: ``pamer`` when a heads
@@ -59,6 +64,15 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     channel: str | None = None
     """Worker -> API server capture channel (a ZeroMQ address); the first
     process that loads the plugin picks a fresh ``ipc://`` path."""
+    tenant_header: str | None = None
+    """Header that names the tenant a request belongs to, set by a trusted
+    proxy in front of the server (``server/access.py``). Unset: the request's
+    API key is its tenant when the server has keys (``--api-key``), else every
+    client is one tenant."""
+    max_request_bytes: int = 32 * 2**20
+    """Largest chat request body the plugin reads; a larger one gets HTTP 413."""
+    session_routes: bool = True
+    """Serve ``GET /pamer/sessions/{id}`` (read-only, the caller's own sessions)."""
 
     @property
     def default_policy(self) -> str:
@@ -89,7 +103,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
                     values[field] = json.loads(raw)
                 except json.JSONDecodeError as exc:
                     raise ValueError(f"{cls.env_name(field)} is not JSON: {exc}") from None
-            elif field == "capture":
+            elif field in _bool_fields(cls):
                 values[field] = raw.lower() not in _FALSE
             else:
                 values[field] = raw
@@ -120,7 +134,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         for field in cls.__struct_fields__:
             flag = "--pamer-" + field.replace("_", "-")
             help_text = docs.get(field, "").replace("%", "%%")
-            if field == "capture":
+            if field in _bool_fields(cls):
                 parser.add_argument(flag, dest=field, action="store_const", const=True, default=None, help=help_text)
                 parser.add_argument(
                     "--pamer-no-" + field, dest=field, action="store_const", const=False, help=argparse.SUPPRESS

@@ -1,6 +1,6 @@
 """End to end: a real ``vllm-pamer serve`` of the embedded default model
-(started once for this module), driven through the ``openai`` client with a
-real multi-turn agent trajectory."""
+(started once for this module, with two API keys: two tenants), driven
+through the ``openai`` client with a real multi-turn agent trajectory."""
 
 from __future__ import annotations
 
@@ -19,6 +19,9 @@ from vllm_pamer.trajectories import agent_requests, load_trajectories
 pytestmark = pytest.mark.e2e
 
 TRAJECTORY = "airline-task14-trial1"  # 32 messages, fits the 8k window unrewritten
+KEY, OTHER_KEY = "e2e-key-a", "e2e-key-b"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+JSON_AUTH = {"Content-Type": "application/json", **AUTH}
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +29,8 @@ def server(default_model_dir, tmp_path_factory):
     heads = ensure_demo_heads(default_model_dir)
     log = tmp_path_factory.mktemp("serve") / "server.log"
     proc = ServerProcess(
-        ["--pamer-policy", "none", "--pamer-heads", str(heads), "--enforce-eager", "--max-num-seqs", "4"],
+        ["--pamer-policy", "none", "--pamer-heads", str(heads), "--enforce-eager", "--max-num-seqs", "4"]
+        + ["--api-key", KEY, OTHER_KEY],
         None,
         log,
         env={"PAMER_STORE": str(log.parent / "memory.sqlite3")},
@@ -42,7 +46,7 @@ def server(default_model_dir, tmp_path_factory):
 def client(server):
     from openai import OpenAI
 
-    return OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
+    return OpenAI(base_url=server.base_url + "/v1", api_key=KEY, max_retries=0)
 
 
 @pytest.fixture(scope="module")
@@ -106,11 +110,11 @@ def test_recent_k_lowers_prompt_tokens_and_keeps_tool_pairs(replayed):
 
 
 def test_session_endpoint_holds_last_vote(client, replayed, server):
-    state = requests.get(f"{server.base_url}/pamer/sessions/e2e-none", timeout=10).json()
+    state = requests.get(f"{server.base_url}/pamer/sessions/e2e-none", headers=AUTH, timeout=10).json()
     assert state["captures"] == state["requests"] == len(replayed["none"])
     last = replayed["none"][-1][1].model_extra["pamer"]
     assert state["last_vote"]["head_logits"] == pytest.approx(last["head_logits"])
-    assert requests.get(f"{server.base_url}/pamer/sessions/nope", timeout=10).status_code == 404
+    assert requests.get(f"{server.base_url}/pamer/sessions/nope", headers=AUTH, timeout=10).status_code == 404
 
 
 def test_streaming_last_chunk_carries_report(client, trajectory):
@@ -193,17 +197,58 @@ def test_orphan_tool_result_falls_back_unchanged(client, trajectory):
     ],
 )
 def test_malformed_requests_get_clear_400(server, body, needle):
-    response = requests.post(
-        f"{server.base_url}/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}, timeout=30
-    )
+    response = requests.post(f"{server.base_url}/v1/chat/completions", data=body, headers=JSON_AUTH, timeout=30)
     assert response.status_code == 400
     assert needle in response.json()["error"]["message"]
     session_id = json.loads(body).get("session_id") if needle != "not valid JSON" else None
     if session_id:  # refused before its session was touched
-        assert requests.get(f"{server.base_url}/pamer/sessions/{session_id}", timeout=10).status_code == 404
+        answer = requests.get(f"{server.base_url}/pamer/sessions/{session_id}", headers=AUTH, timeout=10)
+        assert answer.status_code == 404
 
 
 def test_metrics_count_requests_by_action(server, replayed):
-    text = requests.get(f"{server.base_url}/metrics", timeout=10).text
+    text = requests.get(f"{server.base_url}/metrics", headers=AUTH, timeout=10).text
     assert 'vllm_pamer_requests_total{action="rewritten",policy="recent_k"}' in text
     assert "vllm_pamer_captures_total" in text
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}])
+def test_plugin_routes_refuse_a_request_without_a_valid_key(server, replayed, headers):
+    for method, path in (("get", "/pamer/sessions/e2e-none"), ("post", "/v1/chat/completions")):
+        response = requests.request(method, server.base_url + path, headers=headers, json={}, timeout=10)
+        assert response.status_code == 401, path
+        assert "memories" not in response.text
+
+
+def test_a_session_id_under_another_key_is_another_session(server, replayed, trajectory):
+    other = {"Authorization": f"Bearer {OTHER_KEY}"}
+    assert requests.get(f"{server.base_url}/pamer/sessions/e2e-recent_k", headers=other, timeout=10).status_code == 404
+    history = trajectory["messages"][:4]
+    body = {"model": DEFAULT_MODEL_NAME, "messages": history, "max_tokens": 2, "session_id": "e2e-recent_k"}
+    response = requests.post(
+        f"{server.base_url}/v1/chat/completions", json=body, headers={**other, "X-Pamer-Policy": "recent_k"}, timeout=60
+    )
+    assert response.status_code == 200 and response.json()["pamer"]["session_id"] == "e2e-recent_k"
+    mine = requests.get(f"{server.base_url}/pamer/sessions/e2e-recent_k", headers=AUTH, timeout=10).json()
+    theirs = requests.get(f"{server.base_url}/pamer/sessions/e2e-recent_k", headers=other, timeout=10).json()
+    assert mine["requests"] == len(replayed["recent_k"]) and theirs["requests"] == 1
+
+
+@pytest.mark.parametrize(
+    "body, status, needle",
+    [
+        ("[" * 2000 + "]" * 2000, 400, "nested"),
+        (
+            json.dumps({"model": DEFAULT_MODEL_NAME, "messages": [{"role": "user", "content": "x"}]}, indent=0).replace(
+                '"x"', '"x"' + " " * (33 * 2**20)
+            ),
+            413,
+            "limit",
+        ),
+        ('{"model": "m", "messages": [{"role": "user", "content": "x"}], "session_id": "\\ud800"}', 400, "surrogate"),
+    ],
+)
+def test_hostile_bodies_get_a_clear_4xx(server, body, status, needle):
+    response = requests.post(f"{server.base_url}/v1/chat/completions", data=body, headers=JSON_AUTH, timeout=60)
+    assert response.status_code == status
+    assert needle in response.json()["error"]["message"]

@@ -7,13 +7,19 @@ import logging
 from argparse import Namespace
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 
+from vllm_pamer.server.access import UNAUTHORIZED, Unauthorized
 from vllm_pamer.server.routes import router
 from vllm_pamer.server.state import ServerState
 from vllm_pamer.settings import Settings
 
 logger = logging.getLogger("vllm_pamer.server")
+
+
+async def _unauthorized(request: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse(content=UNAUTHORIZED, status_code=401)
 
 
 class PamerEndpointPlugin:
@@ -22,6 +28,7 @@ class PamerEndpointPlugin:
 
     def attach_router(self, app: FastAPI) -> None:
         app.include_router(router)
+        app.add_exception_handler(Unauthorized, _unauthorized)
 
     async def init_state(self, engine_client: Any, state: Any, args: Namespace) -> None:
         if engine_client is None:

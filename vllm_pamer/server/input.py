@@ -18,6 +18,7 @@ from vllm_pamer.channel import CAPTURE_KEY, SESSION_KEY
 from vllm_pamer.core.blocks import MalformedRequest, Message, check_message_shape
 from vllm_pamer.core.pipeline import RewriteOutcome
 from vllm_pamer.core.policies import MemoryPolicy, UnknownPolicy
+from vllm_pamer.server.access import BadSessionId, check_session_id, header_text
 from vllm_pamer.server.output import PamerReport
 from vllm_pamer.server.state import ServerState
 from vllm_pamer.server.tool_rounds import offered_tools
@@ -26,6 +27,11 @@ SESSION_HEADER = "x-session-id"
 POLICY_HEADER = "x-pamer-policy"
 ECHO_HEADER = "x-pamer-echo"
 BUDGET_HEADER = "x-pamer-context-budget"
+
+
+MAX_DEPTH = 64
+"""Deepest nesting of a request body the plugin reads (a chat request with
+tools and JSON schemas nests far less; vLLM's validation recurses)."""
 
 
 class InputError(Exception):
@@ -44,6 +50,7 @@ class ChatInput:
     """The body without the plugin's own fields (``pamer_policy``, ``pamer_echo``)."""
     messages: list[Message]
     session_id: str | None
+    """The session's key (``server/access.py``: the id within the caller's tenant)."""
     policy: MemoryPolicy
     echo: bool
     template_kwargs: dict[str, Any] | None
@@ -59,16 +66,44 @@ class ChatInput:
     """The server runs with ``--exclude-tools-when-tool-choice-none``."""
     own_tools: list[dict] = field(default_factory=list)
     """The policy's own tools offered on this request (set by ``outgoing``)."""
+    session_name: str | None = None
+    """The session id as the client sent it."""
 
 
-async def read_body(raw_request: Request) -> dict[str, Any]:
+async def read_body(raw_request: Request, limit: int) -> dict[str, Any]:
+    """The request's JSON object; HTTP 413 past ``limit`` bytes, read no further."""
+    declared = raw_request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise InputError(f"request body of {declared} bytes is over this server's limit of {limit}", 413)
+    data = bytearray()
+    async for chunk in raw_request.stream():
+        data += chunk
+        if len(data) > limit:
+            raise InputError(f"request body is over this server's limit of {limit} bytes", 413)
     try:
-        body = json.loads(await raw_request.body())
+        body = json.loads(bytes(data))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InputError(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise InputError("request body is nested too deeply") from None
     if not isinstance(body, dict):
         raise InputError("request body must be a JSON object")
+    if _depth(body) > MAX_DEPTH:
+        raise InputError(f"request body is nested more than {MAX_DEPTH} levels deep")
     return body
+
+
+def _depth(value: Any) -> int:
+    """How deep JSON ``value`` nests (counted without recursion: later checks recurse)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list):
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in item)
+    return deepest
 
 
 async def read_chat(body: dict[str, Any], raw_request: Request, state: ServerState) -> ChatInput:
@@ -78,9 +113,11 @@ async def read_chat(body: dict[str, Any], raw_request: Request, state: ServerSta
         messages = check_message_shape(body.get("messages"))
     except MalformedRequest as exc:
         raise InputError(str(exc)) from None
-    session_id = raw_request.headers.get(SESSION_HEADER) or body.get("session_id")
-    if session_id is not None and not isinstance(session_id, str):
-        raise InputError("session_id must be a string")
+    try:
+        session_name = session_id_of(raw_request.headers.get(SESSION_HEADER), body.get("session_id"))
+        session_id = state.access.session_key(raw_request.headers, session_name) if session_name else None
+    except BadSessionId as exc:
+        raise InputError(str(exc)) from None
     policy_name = raw_request.headers.get(POLICY_HEADER) or body.pop("pamer_policy", None)
     echo = raw_request.headers.get(ECHO_HEADER, "") in ("1", "true") or bool(body.pop("pamer_echo", False))
     xargs = body.get("vllm_xargs") or {}
@@ -112,7 +149,14 @@ async def read_chat(body: dict[str, Any], raw_request: Request, state: ServerSta
         xargs=dict(xargs),
         context_budget=context_budget,
         exclude_tools=exclude_tools,
+        session_name=session_name,
     )
+
+
+def session_id_of(header: str | None, field: Any) -> str | None:
+    """The session the request names: the header, else the body's ``session_id``."""
+    raw = header_text(header) if header else field
+    return None if raw is None or raw == "" else check_session_id(raw)
 
 
 def context_budget_of(header: str | None, field: Any) -> int | None:

@@ -9,7 +9,11 @@
    key; answer the policy's own tool calls (``tool_rounds.py``);
 4. output (``output.py``): the ``pamer`` report on the response.
 
-``GET /pamer/sessions/{id}``: a session's state, memories and event log (read-only).
+``GET /pamer/sessions/{id}``: a session's state, memories and event log
+(read-only; the caller's own sessions; off with ``session_routes``).
+
+Every route here answers 401 without a valid key when the server has keys
+(``access.py``), the dependency of the router.
 """
 
 from __future__ import annotations
@@ -18,12 +22,13 @@ import asyncio
 from typing import Any
 
 import msgspec
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from vllm_pamer.adapters.serving import is_error, with_cancellation
 from vllm_pamer.core.pipeline import rewrite_request
 from vllm_pamer.server import metrics
+from vllm_pamer.server.access import BadSessionId, check_session_id
 from vllm_pamer.server.input import InputError, outgoing, read_body, read_chat, tools_out
 from vllm_pamer.server.output import PamerReport, error_response, finish_report, with_report
 from vllm_pamer.server.state import ServerState
@@ -31,13 +36,20 @@ from vllm_pamer.server.tool_rounds import resolve_own_tool_calls
 
 REWRITING_ACTIONS = ("rewritten", "compressed", "recalled")
 
-router = APIRouter()
+
+def authorized(raw_request: Request) -> None:
+    """Raises ``access.Unauthorized`` (answered 401 as vLLM answers it) without a valid key."""
+    state: ServerState = raw_request.app.state.pamer
+    state.access.authorize(raw_request.headers)
+
+
+router = APIRouter(dependencies=[Depends(authorized)])
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(raw_request: Request) -> Response:
     try:
-        body = await read_body(raw_request)
+        body = await read_body(raw_request, raw_request.app.state.pamer.settings.max_request_bytes)
     except InputError as exc:
         return error_response(exc.status, exc.message)
     return await _serve_chat(body, raw_request=raw_request)
@@ -63,7 +75,7 @@ async def _serve_chat(body: dict[str, Any], raw_request: Request) -> Response:
         chat.context_budget,
     )
     report = PamerReport(
-        session_id=chat.session_id,
+        session_id=chat.session_name,
         policy=chat.policy.name,
         action=outcome.action,
         detail=outcome.detail,
@@ -123,11 +135,18 @@ async def _serve_chat(body: dict[str, Any], raw_request: Request) -> Response:
 @router.get("/pamer/sessions/{session_id}")
 async def session_info(session_id: str, raw_request: Request) -> Response:
     state: ServerState = raw_request.app.state.pamer
-    session = state.sessions.get(session_id)
-    loaded = await state.store.load(session_id)
+    if not state.settings.session_routes:
+        return error_response(404, "the session routes are off on this server", "NotFoundError")
+    try:
+        key = state.access.session_key(raw_request.headers, check_session_id(session_id))
+    except BadSessionId as exc:
+        return error_response(400, str(exc))
+    session = state.sessions.get(key)
+    loaded = await state.store.load(key)
     if session is None and not loaded.memories:
         return error_response(404, f"no session {session_id!r}", "NotFoundError")
-    content: dict[str, Any] = session.summary() if session is not None else {"session_id": session_id}
+    content: dict[str, Any] = session.summary() if session is not None else {}
+    content["session_id"] = session_id
     content["memories"] = [m.public() for m in loaded.memories]
-    content["events"] = await state.store.events(session_id)
+    content["events"] = await state.store.events(key)
     return JSONResponse(content=content)

@@ -7,12 +7,14 @@ import logging
 from argparse import Namespace
 from typing import Any
 
+from vllm_pamer.adapters.serving import api_keys, key_check
 from vllm_pamer.channel import CaptureInbox, CaptureRecord, ensure_channel_address
 from vllm_pamer.core.blocks import Message
 from vllm_pamer.core.policies import MemoryPolicy, PolicyContext, UnknownPolicy, create_variant, policy_class
 from vllm_pamer.core.render import render_tools_as_text, template_supports_tools
 from vllm_pamer.core.tokens import TokenCounter
 from vllm_pamer.embedders import DEFAULT_EMBEDDER, make_embedder
+from vllm_pamer.server.access import Access
 from vllm_pamer.server.services import VllmEngineServices
 from vllm_pamer.server.sessions import SessionRegistry, SessionState
 from vllm_pamer.settings import Settings
@@ -28,6 +30,8 @@ class ServerState:
         self.settings = settings
         self.engine_client = engine_client
         self.args = args
+        keys = api_keys(args)
+        self.access = Access(keys, key_check(keys), settings.tenant_header)
         self.sessions = SessionRegistry()
         self.inbox = CaptureInbox(ensure_channel_address())
         self.has_heads = bool(settings.heads)

@@ -4,12 +4,14 @@ plugin's chat route shares with vLLM's own routes."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pydantic import ValidationError
-from vllm import SamplingParams
+from vllm import SamplingParams, envs
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest, ChatCompletionToolsParam
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+from vllm.entrypoints.serve.middleware.authenticate import AuthenticationMiddleware
 from vllm.entrypoints.serve.utils.api_utils import with_cancellation
 from vllm.exceptions import VLLMClientError
 from vllm.sampling_params import StructuredOutputsParams
@@ -63,6 +65,21 @@ def kv_cache_usage() -> float | None:
     return max(values) if values else None
 
 
+def api_keys(args: Any) -> list[str]:
+    """The API keys vLLM's own routes accept: ``--api-key`` (any number of
+    them), else ``VLLM_API_KEY``, as ``entrypoints/serve/middleware/register.py``
+    reads them; empty when the server runs without a key."""
+    return [key for key in (getattr(args, "api_key", None) or [envs.VLLM_API_KEY]) if key]
+
+
+def key_check(keys: list[str]) -> Callable[[Mapping[str, str]], bool]:
+    """Whether a request's headers carry one of ``keys``, by vLLM's own check
+    (``AuthenticationMiddleware.verify_token``: a Bearer token, compared by
+    digest in constant time)."""
+    check = AuthenticationMiddleware(None, keys)  # only its check is used: no app behind it
+    return check.verify_token
+
+
 def is_error(result: Any) -> bool:
     """Whether a chat handler's result is vLLM's error response."""
     return isinstance(result, ErrorResponse)
@@ -72,8 +89,10 @@ __all__ = [
     "REQUEST_ERRORS",
     "ChatCompletionRequest",
     "ErrorResponse",
+    "api_keys",
     "internal_sampling_params",
     "is_error",
+    "key_check",
     "kv_cache_usage",
     "template_tools",
     "validate_chat_request",
