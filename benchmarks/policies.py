@@ -133,6 +133,8 @@ def start_server(heads: str, options: dict, serve_args: str, kv_cache_gib: float
         str(heads),
         "--pamer-options-by-policy",
         json.dumps(options),
+        "--pamer-allowed-policies",
+        "*",
         *serve_args.split(),
     ]
     if kv_cache_gib is not None:

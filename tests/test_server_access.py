@@ -101,3 +101,26 @@ def test_a_body_nested_too_deeply_is_a_400(depth):
     assert error.value.status == 400
     shallow = b'{"messages": ' + b"[" * (MAX_DEPTH - 1) + b"]" * (MAX_DEPTH - 1) + b"}"
     assert read(shallow)["messages"]
+
+
+def test_a_request_names_only_an_allowed_policy():
+    from vllm_pamer.server.access import PolicyRefused
+
+    guard = Access([], key_check([]), policies=frozenset({"none", "recent_k", "pamer"}), policy_switch=False)
+    guard.check_policy("pamer", None)
+    with pytest.raises(PolicyRefused, match="not allowed") as refused:
+        guard.check_policy("pamer_plus", None)
+    assert refused.value.status == 403
+    with pytest.raises(PolicyRefused, match="keeps its policy") as switched:
+        guard.check_policy("recent_k", "pamer")
+    assert switched.value.status == 409
+    Access([], key_check([]), policies=None, policy_switch=True).check_policy("pamer_plus", "sam")
+
+
+def test_the_default_allow_list_is_the_servers_policy_the_cheap_baselines_and_the_named_variants():
+    from vllm_pamer.settings import Settings
+
+    default = Settings(policy="pamer", options_by_policy={"recent_10": {"policy": "recent_k", "k": 10}})
+    assert default.client_policies == {"pamer", "none", "recent_k", "recent_10"}
+    assert Settings(allowed_policies="*").client_policies is None
+    assert Settings(allowed_policies="none, sam").client_policies == {"none", "sam"}

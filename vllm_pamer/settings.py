@@ -24,6 +24,9 @@ from vllm_pamer.core.fields import field_docs
 ENV_PREFIX = "PAMER_"
 _JSON_FIELDS = ("policy_options", "options_by_policy")
 _FALSE = ("0", "false", "no", "off")
+CHEAP_POLICIES = ("none", "recent_k")
+"""Policies any client may name by default: they make no engine request of
+their own, keep no memory and break little of the prefix cache."""
 
 
 def _bool_fields(cls: type[msgspec.Struct]) -> set[str]:
@@ -71,12 +74,29 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     client is one tenant."""
     max_request_bytes: int = 32 * 2**20
     """Largest chat request body the plugin reads; a larger one gets HTTP 413."""
+    allowed_policies: str | None = None
+    """Policies a request may name (``X-Pamer-Policy``), comma-separated, or
+    ``*`` for every registered one. Unset: the server's policy, the cheap
+    baselines (``CHEAP_POLICIES``) and the variants named in
+    ``options_by_policy``."""
+    policy_switch: bool = False
+    """Let a session's request name another policy than the session's earlier
+    requests did (one policy's memories are not another's)."""
     session_routes: bool = True
     """Serve ``GET /pamer/sessions/{id}`` (read-only, the caller's own sessions)."""
 
     @property
     def default_policy(self) -> str:
         return self.policy or ("pamer" if self.heads else "none")
+
+    @property
+    def client_policies(self) -> frozenset[str] | None:
+        """The policies a request may name (None: every registered one)."""
+        if self.allowed_policies is not None and self.allowed_policies.strip() == "*":
+            return None
+        if self.allowed_policies is not None:
+            return frozenset(p.strip() for p in self.allowed_policies.split(",") if p.strip())
+        return frozenset({self.default_policy, *CHEAP_POLICIES, *self.options_by_policy})
 
     @property
     def cache_root(self) -> Path:

@@ -68,6 +68,8 @@ def start_pamer_server(heads, store_path, log_path):
             json.dumps(PAMER_OPTIONS),
             "--pamer-options-by-policy",
             json.dumps(OPTIONS_BY_POLICY),
+            "--pamer-allowed-policies",  # the tests choose every policy by header
+            "*",
             "--pamer-heads",
             str(heads),
             "--enforce-eager",

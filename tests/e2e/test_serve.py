@@ -252,3 +252,16 @@ def test_hostile_bodies_get_a_clear_4xx(server, body, status, needle):
     response = requests.post(f"{server.base_url}/v1/chat/completions", data=body, headers=JSON_AUTH, timeout=60)
     assert response.status_code == status
     assert needle in response.json()["error"]["message"]
+
+
+def test_a_request_names_only_an_allowed_policy_and_a_session_keeps_its_own(server, replayed, trajectory):
+    history = trajectory["messages"][:4]
+    body = {"model": DEFAULT_MODEL_NAME, "messages": history, "max_tokens": 2}
+    url = f"{server.base_url}/v1/chat/completions"
+    costly = requests.post(url, json={**body, "session_id": "e2e-costly", "pamer_policy": "pamer_plus"}, headers=AUTH)
+    assert costly.status_code == 403 and "not allowed" in costly.json()["error"]["message"]
+    switch = requests.post(url, json={**body, "session_id": "e2e-none", "pamer_policy": "recent_k"}, headers=AUTH)
+    assert switch.status_code == 409 and "keeps its policy" in switch.json()["error"]["message"]
+    state = requests.get(f"{server.base_url}/pamer/sessions/e2e-none", headers=AUTH, timeout=10).json()
+    assert state["policy"] == "none" and state["requests"] == len(replayed["none"])  # refused: not counted
+    assert requests.get(f"{server.base_url}/pamer/sessions/e2e-costly", headers=AUTH, timeout=10).status_code == 404

@@ -5,6 +5,10 @@ one policy after another, and report what each policy cost and kept.
         --policies none,recent_k --limit-trajectories N --max-steps N \\
         --concurrency N --max-tokens 64 --out DIR
     vllm-pamer replay --frontier [--frontier-k 2,10,20] --data PATH   (offline, no server)
+
+The server must let requests choose the replayed policies (``vllm-pamer serve
+--pamer-allowed-policies '*'``, or the ones named); a refused one is recorded
+as an error with the server's message.
 """
 
 from __future__ import annotations

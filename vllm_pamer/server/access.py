@@ -10,6 +10,9 @@
   key when the server has keys; without either, every client is one tenant
   and the key is the id. The same id under another credential is another
   session, so no request reads or changes memories it does not own.
+* **Policies.** A request may name only the policies the operator allows
+  (``Settings.client_policies``), and a session keeps the policy of its
+  first request unless ``policy_switch`` is on.
 * **Session ids** are 1-256 characters of UTF-8 text without control
   characters; a header's bytes are read as UTF-8 (Starlette reads them as
   Latin-1), so an id names the same session in the header and in the body.
@@ -35,6 +38,14 @@ class BadSessionId(ValueError):
 
 class Unauthorized(Exception):
     """A request to a plugin route without a valid API key (HTTP 401)."""
+
+
+class PolicyRefused(Exception):
+    """A policy this request may not use: not allowed (403) or not the session's (409)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def header_text(raw: str | None) -> str | None:
@@ -66,11 +77,36 @@ class Access:
     """The server's keys and tenant rule, read once at start-up."""
 
     def __init__(
-        self, keys: list[str], key_check: Callable[[Mapping[str, str]], bool], tenant_header: str | None = None
+        self,
+        keys: list[str],
+        key_check: Callable[[Mapping[str, str]], bool],
+        tenant_header: str | None = None,
+        policies: frozenset[str] | None = None,
+        policy_switch: bool = True,
     ) -> None:
         self.has_keys = bool(keys)
         self._check = key_check
         self.tenant_header = tenant_header.lower() if tenant_header else None
+        self.policies = policies
+        """The policies a request may name (None: any)."""
+        self.policy_switch = policy_switch
+
+    def check_policy(self, name: str, session_policy: str | None) -> None:
+        """Raise PolicyRefused unless a request may run ``name`` on a session
+        whose earlier requests ran ``session_policy`` (None: a new session)."""
+        if self.policies is not None and name not in self.policies:
+            allowed = ", ".join(sorted(self.policies))
+            raise PolicyRefused(
+                f"policy {name!r} is not allowed on this server (allowed: {allowed}; "
+                "the operator allows more with --pamer-allowed-policies)",
+                403,
+            )
+        if session_policy is not None and session_policy != name and not self.policy_switch:
+            raise PolicyRefused(
+                f"this session runs policy {session_policy!r}, not {name!r}; a session keeps its policy "
+                "(the operator allows a change with --pamer-policy-switch)",
+                409,
+            )
 
     def authorize(self, headers: Mapping[str, str]) -> None:
         """Raise Unauthorized unless the server has no keys or ``headers`` carry one."""

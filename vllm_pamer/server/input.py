@@ -18,7 +18,7 @@ from vllm_pamer.channel import CAPTURE_KEY, SESSION_KEY
 from vllm_pamer.core.blocks import MalformedRequest, Message, check_message_shape
 from vllm_pamer.core.pipeline import RewriteOutcome
 from vllm_pamer.core.policies import MemoryPolicy, UnknownPolicy
-from vllm_pamer.server.access import BadSessionId, check_session_id, header_text
+from vllm_pamer.server.access import BadSessionId, PolicyRefused, check_session_id, header_text
 from vllm_pamer.server.output import PamerReport
 from vllm_pamer.server.state import ServerState
 from vllm_pamer.server.tool_rounds import offered_tools
@@ -128,6 +128,11 @@ async def read_chat(body: dict[str, Any], raw_request: Request, state: ServerSta
         policy = state.policy(policy_name) if policy_name else state.default_policy
     except (UnknownPolicy, ValueError) as exc:
         raise InputError(str(exc)) from None
+    known = state.sessions.get(session_id) if session_id else None
+    try:
+        state.access.check_policy(policy.name, known.policy if known is not None else None)
+    except PolicyRefused as exc:
+        raise InputError(str(exc), exc.status) from None
     try:
         received = validate_chat_request(body)
     except REQUEST_ERRORS as exc:

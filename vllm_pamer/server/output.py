@@ -15,8 +15,12 @@ from vllm_pamer.channel import CaptureRecord
 from vllm_pamer.server import metrics
 from vllm_pamer.server.sessions import SessionState
 
+ERROR_TYPES = {403: "PermissionDeniedError", 404: "NotFoundError", 409: "ConflictError", 413: "RequestTooLargeError"}
+"""The error ``type`` by status, as OpenAI's clients name them (else ``BadRequestError``)."""
 
-def error_response(status: int, message: str, err_type: str = "BadRequestError") -> JSONResponse:
+
+def error_response(status: int, message: str, err_type: str | None = None) -> JSONResponse:
+    err_type = err_type or ERROR_TYPES.get(status, "BadRequestError")
     return JSONResponse(
         status_code=status,
         content={"error": {"message": message, "type": err_type, "param": None, "code": status}},

@@ -63,6 +63,8 @@ async def _serve_chat(body: dict[str, Any], raw_request: Request) -> Response:
     except InputError as exc:
         return error_response(exc.status, exc.message)
     session = state.sessions.touch(chat.session_id) if chat.session_id else None
+    if session is not None:
+        session.policy = chat.policy.name
     outcome = await rewrite_request(
         chat.messages,
         chat.session_id,

@@ -31,6 +31,8 @@ class SessionState(msgspec.Struct):
     """Final-norm state of the last captured prefill (float32), for retrieval."""
     last_schedule: dict[str, Any] | None = None
     """The compaction schedule's report of the session's last request."""
+    policy: str | None = None
+    """The policy of the session's last request."""
 
     def record_capture(self, record: CaptureRecord) -> None:
         self.captures += 1
@@ -50,6 +52,7 @@ class SessionState(msgspec.Struct):
         state = self.state()
         return {
             "session_id": self.session_id,
+            "policy": self.policy,
             "requests": self.requests,
             "captures": self.captures,
             "last_action": self.last_action,
