@@ -53,7 +53,7 @@ class PamerConfig(SummaryConfig, frozen=True):
     embed_timeout_s: float = 30.0
     """Time limit of one embedding attempt."""
     embed_attempts: int = 8
-    """Attempts before an embedding counts as failed."""
+    """Attempts before an embedding counts as failed (errors only: a timeout is not retried, ``core/retry.py``)."""
     query_chars: int = 30_000
     """Recall query: task + R, limited to its final characters."""
     query_source: str = "captured"

@@ -79,7 +79,7 @@ class PamerPlusConfig(PamerConfig, frozen=True):
     call_timeout_s: float = 100.0
     """Time limit of one selector or recall call."""
     call_attempts: int = 2
-    """Attempts of one selector or recall call; a failure injects nothing, so few."""
+    """Attempts of one selector or recall call (errors only); a failure injects nothing, so few."""
     index_chars: int = 12_000
     """Summary index shown to the selector, cut at its end."""
     cache_per_session: int = 32

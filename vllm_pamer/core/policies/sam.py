@@ -62,7 +62,7 @@ class SamConfig(PolicyConfig, frozen=True):
     call_timeout_s: float = 100.0
     """Time limit of one cue or recall call."""
     call_attempts: int = 3
-    """Attempts of one cue or recall call."""
+    """Attempts of one cue or recall call (errors only: a timeout is not retried)."""
 
 
 def memory_tool(max_pages: int) -> Tool:

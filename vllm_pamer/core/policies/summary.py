@@ -40,7 +40,7 @@ class SummaryConfig(PolicyConfig, frozen=True):
     summary_timeout_s: float = 100.0
     """Time limit of one summary attempt."""
     summary_attempts: int = 8
-    """Attempts before a summary counts as failed."""
+    """Attempts before a summary counts as failed (errors only: a timeout is not retried, ``core/retry.py``)."""
     summary_layout: str = "text"
     """``text``: the paper's summary request, the old steps as one text under
     an instruction. ``conversation`` (PaMER; beyond the paper): the request
