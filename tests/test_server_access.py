@@ -13,10 +13,11 @@ from starlette.requests import Request
 from vllm_pamer.adapters.serving import key_check
 from vllm_pamer.server.access import Access, BadSessionId, Unauthorized, check_session_id, header_text
 from vllm_pamer.server.input import MAX_DEPTH, InputError, read_body, session_id_of
+from vllm_pamer.settings import Settings
 
 
-def access(keys=("key-a", "key-b"), tenant_header=None) -> Access:
-    return Access(list(keys), key_check(list(keys)), tenant_header)
+def access(keys=("key-a", "key-b"), **settings) -> Access:
+    return Access(list(keys), key_check(list(keys)), Settings(**settings))
 
 
 def bearer(key: str) -> Headers:
@@ -106,7 +107,7 @@ def test_a_body_nested_too_deeply_is_a_400(depth):
 def test_a_request_names_only_an_allowed_policy():
     from vllm_pamer.server.access import PolicyRefused
 
-    guard = Access([], key_check([]), policies=frozenset({"none", "recent_k", "pamer"}), policy_switch=False)
+    guard = access(keys=(), allowed_policies="none,recent_k,pamer")
     guard.check_policy("pamer", None)
     with pytest.raises(PolicyRefused, match="not allowed") as refused:
         guard.check_policy("pamer_plus", None)
@@ -114,12 +115,10 @@ def test_a_request_names_only_an_allowed_policy():
     with pytest.raises(PolicyRefused, match="keeps its policy") as switched:
         guard.check_policy("recent_k", "pamer")
     assert switched.value.status == 409
-    Access([], key_check([]), policies=None, policy_switch=True).check_policy("pamer_plus", "sam")
+    access(keys=(), allowed_policies="*", policy_switch=True).check_policy("pamer_plus", "sam")
 
 
 def test_the_default_allow_list_is_the_servers_policy_the_cheap_baselines_and_the_named_variants():
-    from vllm_pamer.settings import Settings
-
     default = Settings(policy="pamer", options_by_policy={"recent_10": {"policy": "recent_k", "k": 10}})
     assert default.client_policies == {"pamer", "none", "recent_k", "recent_10"}
     assert Settings(allowed_policies="*").client_policies is None

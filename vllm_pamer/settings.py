@@ -114,6 +114,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
+        switches = _bool_fields(cls)
         for field in cls.__struct_fields__:
             raw = env.get(cls.env_name(field))
             if raw is None or raw == "":
@@ -123,7 +124,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
                     values[field] = json.loads(raw)
                 except json.JSONDecodeError as exc:
                     raise ValueError(f"{cls.env_name(field)} is not JSON: {exc}") from None
-            elif field in _bool_fields(cls):
+            elif field in switches:
                 values[field] = raw.lower() not in _FALSE
             else:
                 values[field] = raw
@@ -150,11 +151,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     @classmethod
     def add_flags(cls, parser: argparse.ArgumentParser) -> None:
         """``--pamer-<field>`` for every field, each defaulting to unset."""
-        docs = field_docs(cls)
+        docs, switches = field_docs(cls), _bool_fields(cls)
         for field in cls.__struct_fields__:
             flag = "--pamer-" + field.replace("_", "-")
             help_text = docs.get(field, "").replace("%", "%%")
-            if field in _bool_fields(cls):
+            if field in switches:
                 parser.add_argument(flag, dest=field, action="store_const", const=True, default=None, help=help_text)
                 parser.add_argument(
                     "--pamer-no-" + field, dest=field, action="store_const", const=False, help=argparse.SUPPRESS

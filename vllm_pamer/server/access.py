@@ -25,6 +25,8 @@ import unicodedata
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from vllm_pamer.settings import Settings
+
 TENANT_CHARS = 16
 """Hex digits of the tenant digest in a session key."""
 MAX_SESSION_ID_CHARS = 256
@@ -48,10 +50,8 @@ class PolicyRefused(Exception):
         self.status = status
 
 
-def header_text(raw: str | None) -> str | None:
+def header_text(raw: str) -> str:
     """A header value as the UTF-8 text the client sent (Starlette decodes header bytes as Latin-1)."""
-    if raw is None:
-        return None
     try:
         return raw.encode("latin-1").decode("utf-8")
     except UnicodeError:
@@ -74,22 +74,15 @@ def check_session_id(session_id: Any) -> str:
 
 
 class Access:
-    """The server's keys and tenant rule, read once at start-up."""
+    """The server's keys, tenant rule and policy rules, read once at start-up."""
 
-    def __init__(
-        self,
-        keys: list[str],
-        key_check: Callable[[Mapping[str, str]], bool],
-        tenant_header: str | None = None,
-        policies: frozenset[str] | None = None,
-        policy_switch: bool = True,
-    ) -> None:
+    def __init__(self, keys: list[str], key_check: Callable[[Mapping[str, str]], bool], settings: Settings) -> None:
         self.has_keys = bool(keys)
         self._check = key_check
-        self.tenant_header = tenant_header.lower() if tenant_header else None
-        self.policies = policies
+        self.tenant_header = settings.tenant_header.lower() if settings.tenant_header else None
+        self.policies = settings.client_policies
         """The policies a request may name (None: any)."""
-        self.policy_switch = policy_switch
+        self.policy_switch = settings.policy_switch
 
     def check_policy(self, name: str, session_policy: str | None) -> None:
         """Raise PolicyRefused unless a request may run ``name`` on a session

@@ -138,7 +138,7 @@ async def _serve_chat(body: dict[str, Any], raw_request: Request) -> Response:
 async def session_info(session_id: str, raw_request: Request) -> Response:
     state: ServerState = raw_request.app.state.pamer
     if not state.settings.session_routes:
-        return error_response(404, "the session routes are off on this server", "NotFoundError")
+        return error_response(404, "the session routes are off on this server")
     try:
         key = state.access.session_key(raw_request.headers, check_session_id(session_id))
     except BadSessionId as exc:
@@ -146,7 +146,7 @@ async def session_info(session_id: str, raw_request: Request) -> Response:
     session = state.sessions.get(key)
     loaded = await state.store.load(key)
     if session is None and not loaded.memories:
-        return error_response(404, f"no session {session_id!r}", "NotFoundError")
+        return error_response(404, f"no session {session_id!r}")
     content: dict[str, Any] = session.summary() if session is not None else {}
     content["session_id"] = session_id
     content["memories"] = [m.public() for m in loaded.memories]

@@ -31,9 +31,7 @@ class ServerState:
         self.engine_client = engine_client
         self.args = args
         keys = api_keys(args)
-        self.access = Access(
-            keys, key_check(keys), settings.tenant_header, settings.client_policies, settings.policy_switch
-        )
+        self.access = Access(keys, key_check(keys), settings)
         self.sessions = SessionRegistry()
         self.inbox = CaptureInbox(ensure_channel_address())
         self.has_heads = bool(settings.heads)
