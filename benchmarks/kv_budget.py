@@ -55,6 +55,31 @@ async def one_round(url: str, policies: list[str], plans, args) -> dict[str, Pol
     return rows
 
 
+def print_ratios(results: dict[str, list[list[PolicyRow]]]) -> None:
+    """Per policy: each side's steps / min and the ratio b/a, with what explains it."""
+    print(
+        "\n| policy | steps / min, a | steps / min, b | b/a (median of rounds) | b/a per round pair "
+        "| prefill computed, a | prefill computed, b | peak KV, b | preemptions, b |"
+    )
+    print("|" + "---|" * 9)
+    for policy, (a, b) in results.items():
+        rate_a = statistics.median(r.steps_per_min for r in a)
+        rate_b = statistics.median(r.steps_per_min for r in b)
+        pairs = ", ".join(f"{rb.steps_per_min / ra.steps_per_min:.3f}" for ra, rb in zip(a, b))
+        cells = [
+            policy,
+            fmt(rate_a, "rate"),
+            fmt(rate_b, "rate"),
+            f"{rate_b / rate_a:.3f}",
+            pairs,
+            fmt(statistics.median(r.prefill_computed or 0 for r in a)),
+            fmt(statistics.median(r.prefill_computed or 0 for r in b)),
+            fmt(max(r.peak_kv_usage or 0 for r in b), "pct"),
+            fmt(max(r.preemptions or 0 for r in b)),
+        ]
+        print("| " + " | ".join(cells) + " |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--policies", default="none,pamer")
@@ -70,6 +95,9 @@ def main() -> None:
         default=0.25,
         help="side b's KV cache (vLLM's --kv-cache-memory-bytes); it must hold one "
         "--max-model-len request (0.25 GiB: 11.6k tokens of the default model)",
+    )
+    parser.add_argument(
+        "--sides", choices=("ab", "b"), default="ab", help="b: side b alone (a re-run; no ratio b/a is printed)"
     )
     parser.add_argument("--serve-args", default="--enforce-eager --enable-prompt-tokens-details")
     parser.add_argument(
@@ -102,30 +130,12 @@ def main() -> None:
             for policy, row in rows.items()
         )
 
-    by_side, logs = interleaved_rounds(args.rounds, start, measure, describe, "kv-budget-")
+    sides = (0, 1) if args.sides == "ab" else (1,)
+    by_side, logs = interleaved_rounds(args.rounds, start, measure, describe, "kv-budget-", sides)
     results = {p: [[rows[p] for rows in side] for side in by_side] for p in policies}
+    if args.sides == "ab":
+        print_ratios(results)
 
-    print(
-        "\n| policy | steps / min, a | steps / min, b | b/a (median of rounds) | b/a per round pair "
-        "| prefill computed, a | prefill computed, b | peak KV, b | preemptions, b |"
-    )
-    print("|" + "---|" * 9)
-    for policy, (a, b) in results.items():
-        rate_a = statistics.median(r.steps_per_min for r in a)
-        rate_b = statistics.median(r.steps_per_min for r in b)
-        pairs = ", ".join(f"{rb.steps_per_min / ra.steps_per_min:.3f}" for ra, rb in zip(a, b))
-        cells = [
-            policy,
-            fmt(rate_a, "rate"),
-            fmt(rate_b, "rate"),
-            f"{rate_b / rate_a:.3f}",
-            pairs,
-            fmt(statistics.median(r.prefill_computed or 0 for r in a)),
-            fmt(statistics.median(r.prefill_computed or 0 for r in b)),
-            fmt(max(r.peak_kv_usage or 0 for r in b), "pct"),
-            fmt(max(r.preemptions or 0 for r in b)),
-        ]
-        print("| " + " | ".join(cells) + " |")
     if args.reference in results:
         reference = results[args.reference][1]
         ref_rate = statistics.median(r.steps_per_min for r in reference)

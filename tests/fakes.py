@@ -5,6 +5,7 @@ builder, and blocking calls into the (async) memory store."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 from typing import Any
 
@@ -21,7 +22,8 @@ class FakeEngine:
     """Bag-of-words embeddings, 4 characters a token, a summary that lists
     the ``ID..`` words of its source; ``complete`` answers like a SAM cue;
     the window is unknown (0: PaMER's window guard off) unless set; the
-    request's tools count 50 tokens each."""
+    request's tools count 50 tokens each; summaries run ``slots`` at a time
+    (None: any number)."""
 
     embedder_name = "bag-of-words"
     max_model_len = 0
@@ -33,12 +35,15 @@ class FakeEngine:
         summary_delay=0.0,
         window: int | None = None,
         kv_usage: float | None = None,
+        slots: int | None = None,
     ):
         self.summary_error, self.embed_error, self.summary_delay = summary_error, embed_error, summary_delay
         if window is not None:
             self.max_model_len = window
         self.kv = kv_usage
         self.summaries = 0
+        self.running = self.most_running = 0  # summaries in progress, and the most at once
+        self._slots = asyncio.Semaphore(slots) if slots else contextlib.nullcontext()
         self.counted: list[int] = []  # messages of every prompt_tokens call
 
     def kv_usage(self):
@@ -51,8 +56,16 @@ class FakeEngine:
         self.counted.append(len(messages))
         return self.count_tokens(messages) + 50 * len(tools or [])
 
+    def summary_slot(self):
+        return self._slots
+
     async def summarize(self, source, max_tokens):
-        await asyncio.sleep(self.summary_delay)
+        self.running += 1
+        self.most_running = max(self.most_running, self.running)
+        try:
+            await asyncio.sleep(self.summary_delay)
+        finally:
+            self.running -= 1
         if self.summary_error:
             raise self.summary_error
         self.summaries += 1

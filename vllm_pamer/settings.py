@@ -15,14 +15,15 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
 from vllm_pamer.core.fields import field_docs
+from vllm_pamer.core.store import StoreLimits
 
 ENV_PREFIX = "PAMER_"
-_JSON_FIELDS = ("policy_options", "options_by_policy")
+_JSON_FIELDS = ("policy_options", "options_by_policy", "store_limits")
 _FALSE = ("0", "false", "no", "off")
 CHEAP_POLICIES = ("none", "recent_k")
 """Policies any client may name by default: they make no engine request of
@@ -56,11 +57,20 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """Also tap these decoder blocks (1-based, e.g. ``4,8,15,22``), the final
     norm, last token and prompt mean: the depth diagnostic of ``vllm-pamer
     extract --layers``; needs eager execution."""
+    summary_concurrency: Annotated[int, msgspec.Meta(ge=1)] = 2
+    """Summaries the engine runs at once for all sessions together; the others
+    wait their turn (outside their time limit). Side by side under a KV budget
+    that binds, summaries recompute their prefixes and time out together
+    (``benchmarks/RESULTS.md``, "The budget schedule under a KV budget that
+    binds: a stall")."""
     embedder: str = "served"
     """Memory embedder: ``served`` (the served model's own final-norm state) or
     ``minilm`` (all-MiniLM-L6-v2 on the CPU)."""
     store: str | None = None
     """SQLite file of the session memories (default ``<cache>/memory.sqlite3``)."""
+    store_limits: StoreLimits = msgspec.field(default_factory=StoreLimits)
+    """Caps and retention of the store, a JSON object of ``StoreLimits``
+    fields (``core/store.py``), e.g. ``{"session_memories": 256}``."""
     cache: str | None = None
     """Root of the converted default model, demo heads and logs (default
     ``~/.cache/vllm-pamer``)."""
@@ -141,7 +151,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             if value is None:
                 continue
             if field in _JSON_FIELDS:
-                value = json.dumps(value)
+                value = json.dumps(msgspec.to_builtins(value))
             elif isinstance(value, bool):
                 value = "1" if value else "0"
             env[self.env_name(field)] = str(value)

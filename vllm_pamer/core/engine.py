@@ -8,6 +8,7 @@ required, so a policy never probes for optional ones.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
 import numpy as np
@@ -31,6 +32,12 @@ class EngineServices(Protocol):
     def prompt_tokens(self, messages: Sequence[Message], tools: list[Tool] | None = None) -> int:
         """Prompt tokens of a whole request of these messages and tools, as the
         engine counts them: what must fit the window."""
+        ...
+
+    def summary_slot(self) -> AbstractAsyncContextManager[object]:
+        """A turn to run a summary: the engine runs a few at once, server-wide,
+        and the others wait (side by side on a KV cache that cannot hold their
+        prefixes, every summary recomputes and all of them time out)."""
         ...
 
     async def summarize(self, source: str, max_tokens: int) -> str:

@@ -9,7 +9,10 @@ it covers. The guarantees every backend gives (``vllm_pamer/stores/``):
   state or the new one;
 * every read and write names its session: no call sees another session's rows;
 * state that fails validation is discarded and recorded, never repaired
-  (PaMER paper Table 15, corrupt state).
+  (PaMER paper Table 15, corrupt state);
+* what it keeps is bounded (``StoreLimits``): a commit past a session's cap is
+  refused, and retention deletes whole idle sessions, so a memory never
+  outlives its raw blocks nor a raw block its memory.
 
 Every method is a coroutine: a backend runs its I/O off the event loop.
 """
@@ -32,6 +35,37 @@ baselines, SAM pages); its embedder name keeps recall from searching it."""
 
 class StoreError(RuntimeError):
     """A storage operation failed (the caller falls back, nothing is removed)."""
+
+
+class StoreLimits(msgspec.Struct, frozen=True, kw_only=True):
+    """Bounds on what a store keeps. A commit that would pass a session's cap
+    is refused with StoreError: the request goes out as it came and nothing is
+    removed. The totals are kept by retention, which deletes whole sessions
+    (memories, raw blocks and events together), least recently used first,
+    and never one used within ``active_s``; when only such sessions are left,
+    commits past a total are refused too."""
+
+    session_memories: int = 1024
+    """Memories one session may hold."""
+    session_raw_bytes: int = 64 * 2**20
+    """Bytes (JSON) of the raw blocks one session's memories may cover."""
+    session_events: int = 2000
+    """Events kept per session; older ones are dropped as new ones come."""
+    total_memories: int = 1_000_000
+    """Memories of all sessions together."""
+    total_raw_bytes: int = 16 * 2**30
+    """Bytes of the raw blocks of all sessions together."""
+    total_events: int = 5_000_000
+    """Events of all sessions together (the oldest are dropped)."""
+    idle_s: float = 30 * 86400.0
+    """A session unused for this long is deleted whole; 0: never."""
+    active_s: float = 3600.0
+    """A session used within this long is never deleted to meet a total."""
+
+    def __post_init__(self) -> None:
+        for name in self.__struct_fields__:
+            if getattr(self, name) < 0:
+                raise ValueError(f"store limit {name} must be >= 0")
 
 
 class StepDetail(msgspec.Struct, frozen=True):

@@ -32,16 +32,19 @@ def interleaved_rounds(
     measure: Callable[[int, ServerProcess], T],
     describe: Callable[[int, T], str],
     prefix: str,
+    sides: tuple[int, ...] = (0, 1),
 ) -> tuple[list[list[T]], Path]:
     """Run ``rounds`` rounds of each side in ``abba`` order.
 
     ``start(side, log)`` returns the side's server (not yet waited for);
     ``measure(side, server)`` its result; ``describe(side, result)`` the line
-    printed after each round. Returns the results of sides a and b, in round
+    printed after each round; ``sides``: the sides run (one alone: a re-run of
+    that side, no comparison). Returns the results of sides a and b, in round
     order, and the folder that holds each round's server log."""
     logs = Path(tempfile.mkdtemp(prefix=prefix))
     results: list[list[T]] = [[], []]
-    for index, side in enumerate(tqdm(abba(rounds), desc="A/B rounds")):
+    order = [side for side in abba(rounds) if side in sides]
+    for index, side in enumerate(tqdm(order, desc="A/B rounds")):
         log = logs / f"{index}" / "server.log"
         log.parent.mkdir()
         server = start(side, log)

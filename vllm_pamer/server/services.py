@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Sequence
@@ -43,16 +44,19 @@ class VllmEngineServices:
         max_model_len: int,
         capture_wait_s: float,
         embedder: Embedder | None = None,
+        summary_concurrency: int = 1,
     ) -> None:
         """``embedder``: used instead of the served model's state (None: the
         served model). ``capture_wait_s``: how long an embedding waits for its
-        capture record (the settings' ``capture_wait_s``)."""
+        capture record; ``summary_concurrency``: summaries at once (both the
+        settings' fields)."""
         self.engine_client = engine_client
         self.counter = counter
         self.inbox = inbox
         self.max_model_len = max_model_len
         self.capture_wait_s = capture_wait_s
         self.embedder = embedder
+        self._summary_slots = asyncio.Semaphore(summary_concurrency)
         self.embedder_name = embedder.name if embedder is not None else SERVED_STATE_EMBEDDER
         self.index = MemoryIndex()
         self._kv: tuple[float, float | None] = (0.0, None)  # (when read, value)
@@ -89,6 +93,9 @@ class VllmEngineServices:
     async def _generate(self, ids: list[int], max_tokens: int, kind: str, json_schema: dict | None = None) -> str:
         params = internal_sampling_params(max_tokens, {SESSION_KEY: ""}, json_schema)
         return (await self._run(ids, params, kind)).strip()
+
+    def summary_slot(self) -> asyncio.Semaphore:
+        return self._summary_slots
 
     async def summarize(self, source: str, max_tokens: int) -> str:
         max_tokens, budget = self._answer_budget(max_tokens)

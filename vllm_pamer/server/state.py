@@ -42,12 +42,18 @@ class ServerState:
         self.counter = TokenCounter(tokenizer, render=self.render)
         model_config = engine_client.model_config
         fingerprint = str(model_config.served_model_name or model_config.model)
-        self.store = open_store(settings.store_path, model_fingerprint=fingerprint)
+        self.store = open_store(settings.store_path, model_fingerprint=fingerprint, limits=settings.store_limits)
         embedder = None
         if settings.embedder != DEFAULT_EMBEDDER:
             embedder = make_embedder(settings.embedder, check=True).load()  # load now, not on a request
         self.services = VllmEngineServices(
-            engine_client, self.counter, self.inbox, model_config.max_model_len, settings.capture_wait_s, embedder
+            engine_client,
+            self.counter,
+            self.inbox,
+            model_config.max_model_len,
+            settings.capture_wait_s,
+            embedder,
+            settings.summary_concurrency,
         )
         self.context = PolicyContext(self.store, self.services)
         self.sessions.on_evict = self.services.index.drop_session

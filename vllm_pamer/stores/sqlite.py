@@ -1,8 +1,10 @@
 """The embedded memory store: one SQLite file (WAL) per server.
 
 Tables: ``memories`` (summary, embedding, covered block ids, step details),
-``raw_blocks`` (the raw blocks each memory covers) and ``events`` (every
-policy decision). The guarantees are the interface's (``core/store.py``).
+``raw_blocks`` (the raw blocks each memory covers), ``events`` (every policy
+decision) and ``sessions`` (per session: last use, memories, raw bytes: what
+the caps and retention of ``StoreLimits`` read). The guarantees are the
+interface's (``core/store.py``).
 Calls run in worker threads (``asyncio.to_thread``) behind one lock, so the
 API server's event loop never waits on the disk.
 """
@@ -24,11 +26,13 @@ import msgspec
 import numpy as np
 
 from vllm_pamer.core.blocks import Block, Message
-from vllm_pamer.core.store import LoadResult, Memory, MemoryStore, StepDetail, StoreError
+from vllm_pamer.core.store import LoadResult, Memory, MemoryStore, StepDetail, StoreError, StoreLimits
 
 logger = logging.getLogger("vllm_pamer.store")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+PRUNE_EVERY = 1000
+"""Events written between two retention passes (a commit runs one too)."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -61,16 +65,33 @@ CREATE TABLE IF NOT EXISTS events (
     detail TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS events_session ON events(session, id);
+CREATE TABLE IF NOT EXISTS sessions (
+    session TEXT PRIMARY KEY,
+    last_used REAL NOT NULL,
+    memories INTEGER NOT NULL,
+    raw_bytes INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS sessions_last_used ON sessions(last_used);
+"""
+
+# Version 1 had no sessions table: fill it from the memories it kept.
+_FROM_V1 = """
+INSERT OR REPLACE INTO sessions (session, last_used, memories, raw_bytes)
+SELECT m.session, MAX(m.created), COUNT(*),
+       COALESCE((SELECT SUM(LENGTH(r.messages)) FROM raw_blocks r WHERE r.session = m.session), 0)
+FROM memories m GROUP BY m.session;
 """
 
 
 class SqliteStore(MemoryStore):
     """SQLite-backed store; safe to share between threads of one process."""
 
-    def __init__(self, path: str | os.PathLike, model_fingerprint: str = "") -> None:
+    def __init__(self, path: str | os.PathLike, model_fingerprint: str = "", limits: StoreLimits | None = None) -> None:
         self.path = Path(path)
         self.model_fingerprint = model_fingerprint
+        self.limits = limits or StoreLimits()
         self._lock = threading.Lock()
+        self._events_since_prune = 0
         self.reset_events: list[str] = []
         self._conn = self._open()
 
@@ -101,6 +122,10 @@ class SqliteStore(MemoryStore):
             row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
             if row is None:
                 conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            elif row[0] == "1":
+                conn.executescript(
+                    f"BEGIN; {_FROM_V1} UPDATE meta SET value='{SCHEMA_VERSION}' WHERE key='schema_version'; COMMIT;"
+                )
             elif row[0] != str(SCHEMA_VERSION):
                 raise sqlite3.DatabaseError(f"schema version {row[0]}, expected {SCHEMA_VERSION}")
         except sqlite3.DatabaseError:
@@ -129,10 +154,14 @@ class SqliteStore(MemoryStore):
         if vector.size == 0 or not np.isfinite(vector).all():
             raise StoreError("refusing to store an empty or non-finite embedding")
         ids = [block.block_id for block in blocks]
+        raw = [json.dumps(list(block.messages)) for block in blocks]
+        size = sum(len(text) for text in raw)
         try:
             with self._lock:
                 self._conn.execute("BEGIN IMMEDIATE")
                 try:
+                    now = time.time()
+                    self._check_caps(session, size, now)
                     cursor = self._conn.execute(
                         "INSERT INTO memories (session, summary, embedding, embedding_dim, embedder, "
                         "covered_block_ids, step_details, model_fingerprint, created) VALUES (?,?,?,?,?,?,?,?,?)",
@@ -145,7 +174,7 @@ class SqliteStore(MemoryStore):
                             json.dumps(ids),
                             msgspec.json.encode(step_details).decode(),
                             self.model_fingerprint,
-                            time.time(),
+                            now,
                         ),
                     )
                     assert cursor.lastrowid is not None  # set by the INSERT
@@ -153,9 +182,15 @@ class SqliteStore(MemoryStore):
                     self._conn.executemany(
                         "INSERT INTO raw_blocks (session, block_id, memory_id, position, messages) VALUES (?,?,?,?,?)",
                         [
-                            (session, block.block_id, memory_id, detail.step, json.dumps(list(block.messages)))
-                            for block, detail in zip(blocks, step_details)
+                            (session, block.block_id, memory_id, detail.step, text)
+                            for block, detail, text in zip(blocks, step_details, raw)
                         ],
+                    )
+                    self._conn.execute(
+                        "INSERT INTO sessions (session, last_used, memories, raw_bytes) VALUES (?,?,1,?) "
+                        "ON CONFLICT(session) DO UPDATE SET last_used=excluded.last_used, "
+                        "memories=memories+1, raw_bytes=raw_bytes+excluded.raw_bytes",
+                        (session, now, size),
                     )
                     self._conn.execute("COMMIT")
                 except BaseException:
@@ -170,8 +205,23 @@ class SqliteStore(MemoryStore):
         try:
             with self._lock:
                 self._log(self._conn, session, kind, detail or {})
-        except sqlite3.Error:
-            logger.exception("vllm-pamer store: event log write failed")
+                if session is not None:  # the session's newest ``session_events``
+                    self._conn.execute(
+                        "DELETE FROM events WHERE session=? AND id <= "
+                        "(SELECT id FROM events WHERE session=? ORDER BY id DESC LIMIT 1 OFFSET ?)",
+                        (session, session, self.limits.session_events),
+                    )
+                self._events_since_prune += 1
+                if self._events_since_prune >= PRUNE_EVERY:
+                    self._conn.execute("BEGIN IMMEDIATE")
+                    try:
+                        self._prune(time.time())
+                        self._conn.execute("COMMIT")
+                    except BaseException:
+                        self._conn.execute("ROLLBACK")
+                        raise
+        except (sqlite3.Error, StoreError):
+            logger.exception("vllm-pamer store: event log write or retention failed")
 
     @staticmethod
     def _log(conn: sqlite3.Connection, session: str | None, kind: str, detail: dict[str, Any]) -> None:
@@ -179,6 +229,66 @@ class SqliteStore(MemoryStore):
             "INSERT INTO events (session, time, kind, detail) VALUES (?,?,?,?)",
             (session, time.time(), kind, json.dumps(detail, default=str)),
         )
+
+    # -- bounds (``StoreLimits``); the callers hold the lock inside a transaction --
+    def _check_caps(self, session: str, size: int, now: float) -> None:
+        """Refuse a memory of ``size`` raw bytes that would pass a cap, after
+        retention has freed what it may."""
+        limits = self.limits
+        row = self._conn.execute("SELECT memories, raw_bytes FROM sessions WHERE session=?", (session,)).fetchone()
+        memories, raw_bytes = row or (0, 0)
+        if memories + 1 > limits.session_memories:
+            raise StoreError(f"the session holds {memories} memories, its cap (session_memories)")
+        if raw_bytes + size > limits.session_raw_bytes:
+            raise StoreError(
+                f"the session's raw blocks would take {raw_bytes + size} bytes, over its cap (session_raw_bytes)"
+            )
+        self._prune(now, keep=session, room=(1, size))
+
+    def _totals(self) -> tuple[int, int]:
+        memories, raw_bytes = self._conn.execute(
+            "SELECT COALESCE(SUM(memories), 0), COALESCE(SUM(raw_bytes), 0) FROM sessions"
+        ).fetchone()
+        return int(memories), int(raw_bytes)
+
+    def _prune(self, now: float, keep: str | None = None, room: tuple[int, int] = (0, 0)) -> None:
+        """Retention: delete sessions idle past ``idle_s``, then the least
+        recently used ones (idle past ``active_s``, never ``keep``) until the
+        totals leave ``room`` (memories, raw bytes); drop the oldest events
+        past ``total_events``. Raises StoreError when the room cannot be made."""
+        limits = self.limits
+        self._events_since_prune = 0
+        if limits.idle_s:
+            cutoff = now - limits.idle_s
+            for (victim,) in self._conn.execute(
+                "SELECT session FROM sessions WHERE last_used < ?", (cutoff,)
+            ).fetchall():
+                if victim != keep:
+                    self._delete_session(victim, "idle")
+            self._conn.execute("DELETE FROM events WHERE time < ?", (cutoff,))
+        memories, raw_bytes = self._totals()
+        while memories + room[0] > limits.total_memories or raw_bytes + room[1] > limits.total_raw_bytes:
+            row = self._conn.execute(
+                "SELECT session, memories, raw_bytes FROM sessions WHERE last_used < ? AND session != ? "
+                "ORDER BY last_used LIMIT 1",
+                (now - limits.active_s, keep or ""),
+            ).fetchone()
+            if row is None:
+                raise StoreError("the store is at its total caps and every session in it is active")
+            self._delete_session(row[0], "least recently used")
+            memories, raw_bytes = memories - row[1], raw_bytes - row[2]
+        (events,) = self._conn.execute("SELECT COUNT(*) FROM events").fetchone()
+        if events > limits.total_events:
+            self._conn.execute(
+                "DELETE FROM events WHERE id IN (SELECT id FROM events ORDER BY id LIMIT ?)",
+                (events - limits.total_events,),
+            )
+
+    def _delete_session(self, session: str, why: str) -> None:
+        """A whole session: its memories with their raw blocks, and its events."""
+        for table in ("raw_blocks", "memories", "events", "sessions"):
+            self._conn.execute(f"DELETE FROM {table} WHERE session=?", (session,))
+        logger.info("vllm-pamer store: deleted session %s (%s)", session, why)
 
     # -- reads ----------------------------------------------------------------------
     def _load(self, session: str) -> LoadResult:
@@ -201,13 +311,19 @@ class SqliteStore(MemoryStore):
                 bad.append(row[0])
             else:
                 memories.append(memory)
-        if bad:
-            # Corrupt state: discard it and start from what is valid; never repair.
-            with self._lock:
-                self._conn.execute("BEGIN IMMEDIATE")
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            if bad:  # corrupt state: discard it and start from what is valid; never repair
                 self._conn.executemany("DELETE FROM raw_blocks WHERE memory_id=?", [(i,) for i in bad])
                 self._conn.executemany("DELETE FROM memories WHERE id=?", [(i,) for i in bad])
-                self._conn.execute("COMMIT")
+                self._conn.execute(
+                    "UPDATE sessions SET memories=?, raw_bytes=COALESCE((SELECT SUM(LENGTH(messages)) "
+                    "FROM raw_blocks WHERE session=?), 0) WHERE session=?",
+                    (len(memories), session, session),
+                )
+            self._conn.execute("UPDATE sessions SET last_used=? WHERE session=?", (time.time(), session))
+            self._conn.execute("COMMIT")
+        if bad:
             self._log_event(session, "corrupt_state", {"discarded_memory_ids": bad})
         return LoadResult(memories, discarded=len(bad))
 

@@ -295,6 +295,7 @@ class Pamer(MemoryPolicy):
                 archived, kept_old = ahead.blocks, old[len(ahead.blocks) :]
                 notes.append("summary written ahead")
             except Exception as exc:  # fall back to the synchronous path below
+                ahead.task.cancel()  # (shielded from wait_for) not two summaries of these blocks
                 await store.log_event(session, "summary_ahead_failed", {"error": str(exc)})
         if result is None:
             await store.log_event(session, "compression_started", {"blocks": len(old), "old_tokens": old_tokens})

@@ -37,8 +37,11 @@ class SummaryConfig(PolicyConfig, frozen=True):
     """A longer source is covered from its beginning and its end."""
     summary_max_tokens: int = 1024
     """Output limit of one summary."""
-    summary_timeout_s: float = 100.0
-    """Time limit of one summary attempt."""
+    summary_timeout_s: float = 300.0
+    """Time limit of one summary attempt, from when it gets its turn
+    (``EngineServices.summary_slot``). It must exceed what a healthy engine
+    needs for a summary request near the window: on a CPU that is minutes
+    (``benchmarks/RESULTS.md``, "How long a summary takes on this CPU")."""
     summary_attempts: int = 8
     """Attempts before a summary counts as failed (errors only: a timeout is not retried, ``core/retry.py``)."""
     summary_layout: str = "text"
@@ -136,7 +139,8 @@ async def write_summary(
         return await services.summarize(text_source, cfg.summary_max_tokens)
 
     try:
-        summary = await with_retries(summarize, cfg.summary_timeout_s, cfg.summary_attempts, "summary")
+        async with services.summary_slot():  # the wait for a turn is not part of the time limit
+            summary = await with_retries(summarize, cfg.summary_timeout_s, cfg.summary_attempts, "summary")
         if not isinstance(summary, str) or not summary.strip():
             raise RuntimeError("the summary came back empty")
     except Exception as exc:
