@@ -133,3 +133,13 @@ def test_a_store_of_the_first_schema_is_carried_over(tmp_path):
     ).fetchone()
     assert memories == 1 and raw_bytes == sum(len(json.dumps(list(b.messages))) for b in BLOCKS[:2])
     assert not [name for name in path.parent.iterdir() if "corrupt" in name.name]
+
+
+def test_a_discarded_corrupt_memory_leaves_the_session_counts_right(tmp_path):
+    store = SqliteStore(tmp_path / "m.sqlite3")
+    commit(store, "a", BLOCKS[:2])
+    bad = commit(store, "a", BLOCKS[2:4])
+    store._conn.execute("UPDATE memories SET embedding=x'00' WHERE id=?", (bad,))
+    assert blocking(store).load("a").discarded == 1
+    memories, raw_bytes = store._conn.execute("SELECT memories, raw_bytes FROM sessions WHERE session='a'").fetchone()
+    assert memories == 1 and raw_bytes == sum(len(json.dumps(list(b.messages))) for b in BLOCKS[:2])

@@ -311,18 +311,25 @@ class SqliteStore(MemoryStore):
                 bad.append(row[0])
             else:
                 memories.append(memory)
-        with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
-            if bad:  # corrupt state: discard it and start from what is valid; never repair
-                self._conn.executemany("DELETE FROM raw_blocks WHERE memory_id=?", [(i,) for i in bad])
-                self._conn.executemany("DELETE FROM memories WHERE id=?", [(i,) for i in bad])
-                self._conn.execute(
-                    "UPDATE sessions SET memories=?, raw_bytes=COALESCE((SELECT SUM(LENGTH(messages)) "
-                    "FROM raw_blocks WHERE session=?), 0) WHERE session=?",
-                    (len(memories), session, session),
-                )
-            self._conn.execute("UPDATE sessions SET last_used=? WHERE session=?", (time.time(), session))
-            self._conn.execute("COMMIT")
+        try:
+            with self._lock:
+                self._conn.execute("BEGIN IMMEDIATE")
+                try:
+                    if bad:  # corrupt state: discard it and start from what is valid; never repair
+                        self._conn.executemany("DELETE FROM raw_blocks WHERE memory_id=?", [(i,) for i in bad])
+                        self._conn.executemany("DELETE FROM memories WHERE id=?", [(i,) for i in bad])
+                        self._conn.execute(
+                            "UPDATE sessions SET memories=?, raw_bytes=COALESCE((SELECT SUM(LENGTH(messages)) "
+                            "FROM raw_blocks WHERE session=?), 0) WHERE session=?",
+                            (len(memories), session, session),
+                        )
+                    self._conn.execute("UPDATE sessions SET last_used=? WHERE session=?", (time.time(), session))
+                    self._conn.execute("COMMIT")
+                except BaseException:
+                    self._conn.execute("ROLLBACK")
+                    raise
+        except sqlite3.Error:  # the valid memories are still served; the discard waits for the next load
+            logger.exception("vllm-pamer store: recording the session's use failed")
         if bad:
             self._log_event(session, "corrupt_state", {"discarded_memory_ids": bad})
         return LoadResult(memories, discarded=len(bad))

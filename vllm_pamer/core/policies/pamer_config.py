@@ -50,8 +50,11 @@ class PamerConfig(SummaryConfig, frozen=True):
     """``paper``: compression gate, tokens(O) must reach this."""
     top_k: int = 3
     """Memories recalled per request."""
-    embed_timeout_s: float = 30.0
-    """Time limit of one embedding attempt."""
+    embed_timeout_s: float = 300.0
+    """Time limit of one embedding attempt. An embedding is a short request,
+    but on a loaded engine it waits for KV room behind the requests running
+    (``benchmarks/RESULTS.md``, "The budget schedule under a KV budget that
+    binds: a stall")."""
     embed_attempts: int = 8
     """Attempts before an embedding counts as failed (errors only: a timeout is not retried, ``core/retry.py``)."""
     query_chars: int = 30_000

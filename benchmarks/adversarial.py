@@ -1,0 +1,376 @@
+"""The long part of the adversarial suite, against a real ``vllm-pamer serve``
+of the default model (the fast part: ``tests/e2e/test_fuzz_serve.py``).
+
+    .venv/bin/python -m benchmarks.adversarial fuzz --examples 2000
+    .venv/bin/python -m benchmarks.adversarial load --sessions 32 --max-steps 16
+    .venv/bin/python -m benchmarks.adversarial crash --cycles 10
+
+* ``fuzz``: fuzzed requests (``tests/fuzz_requests.py``) on the fuzz suite's
+  server; prints the answers by status; any 5xx is a failure.
+* ``load``: ``--sessions`` real trajectories replayed at once, each its own
+  session, under PaMER with a context budget small enough to compact; checks
+  that each session's memories cover only its own blocks and that a request
+  recalled only its own session's memories; prints errors, latency, and the
+  API server's resident memory before, during and after.
+* ``crash``: one session at a time replays a trajectory under PaMER with heads
+  that always vote to compress; each cycle kills the whole server (SIGKILL) at
+  a random point of a compaction (``during``: a random delay after the
+  summary started; ``after commit``: as soon as the memory is committed,
+  before the answer), then restarts it on the same store and checks: the
+  store's integrity, no memory without its raw blocks nor a raw block without
+  its memory, no block of the history lost (each one sent raw or stored under
+  a memory), and the session going on.
+
+Each command exits non-zero when a check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import random
+import sqlite3
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+from benchmarks.policies import shared_or_shipped
+from vllm_pamer.core.blocks import split_conversation
+from vllm_pamer.core.heads import constant_heads, save_heads
+from vllm_pamer.default_model import DEFAULT_MODEL_NAME, ensure_default_model, shipped_heads
+from vllm_pamer.model_config import model_fingerprint
+from vllm_pamer.replay.client import ReplaySettings, connect, plan_replay, replay_policy
+from vllm_pamer.server_process import ServerProcess
+from vllm_pamer.trajectories import agent_requests
+
+
+def serve(args: list[str], root: Path, name: str = "server.log") -> ServerProcess:
+    """``vllm-pamer serve`` of the default model with its store in ``root``, ready."""
+    server = ServerProcess(
+        [*args, "--enforce-eager"], None, root / name, env={"PAMER_STORE": str(root / "memory.sqlite3")}
+    )
+    server.wait_ready(timeout=900, progress=False)
+    return server
+
+
+# -- fuzz --------------------------------------------------------------------------
+def fuzz(args: argparse.Namespace) -> int:
+    from hypothesis import HealthCheck, given, seed, settings
+
+    from tests.e2e.test_fuzz_serve import FUZZ_SERVER_ARGS, KEY
+    from tests.fuzz_requests import check_answer, fuzzed_requests, send
+    from vllm_pamer.demo import ensure_demo_heads
+
+    model_dir = ensure_default_model(quiet=True)
+
+    statuses: collections.Counter[int] = collections.Counter()
+    failures: list[str] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        server = serve([*FUZZ_SERVER_ARGS, "--pamer-heads", str(ensure_demo_heads(model_dir))], Path(tmp))
+        started = time.monotonic()
+        try:
+            with httpx.Client(base_url=server.base_url, timeout=300) as client:
+
+                @settings(
+                    max_examples=args.examples,
+                    deadline=None,
+                    database=None,
+                    derandomize=args.seed is None,
+                    suppress_health_check=list(HealthCheck),
+                )
+                @given(fuzzed_requests(KEY))
+                def one(request):
+                    response = send(client, request)
+                    statuses[response.status_code] += 1
+                    try:
+                        check_answer(response)
+                    except AssertionError as exc:
+                        failures.append(f"{request!r}: {exc}")
+
+                (one if args.seed is None else seed(args.seed)(one))()
+                healthy = client.get("/health").status_code == 200
+        finally:
+            server.stop()
+    total = sum(statuses.values())
+    print(f"{total} fuzzed requests in {time.monotonic() - started:.0f} s; server healthy after: {healthy}")
+    print("| status | requests |\n|---|---|")
+    for status, count in sorted(statuses.items()):
+        print(f"| {status} | {count} |")
+    print(f"5xx: {sum(c for s, c in statuses.items() if s >= 500)}; failed checks: {len(failures)}")
+    for failure in failures[:10]:
+        print("  ", failure[:600])
+    return 0 if healthy and not failures else 1
+
+
+# -- load ----------------------------------------------------------------------------
+def rss_mib(pid: int) -> float:
+    return psutil.Process(pid).memory_info().rss / 2**20
+
+
+def load(args: argparse.Namespace) -> int:
+    ensure_default_model(quiet=True)
+    heads = shipped_heads()
+    trajectories = shared_or_shipped("tau_airline", "tau") + shared_or_shipped("mini_swe", "swe")
+    random.Random(0).shuffle(trajectories)
+    plans = plan_replay(trajectories[: args.sessions], args.max_steps)
+    if len(plans) < args.sessions:
+        sys.exit(f"only {len(plans)} trajectories for {args.sessions} sessions")
+    options = {"pamer_load": {"policy": "pamer", "context_budget": args.budget, "summary_max_tokens": 48}}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        server = serve(
+            [
+                "--pamer-policy",
+                "pamer",
+                "--pamer-heads",
+                str(heads),
+                "--pamer-options-by-policy",
+                json.dumps(options),
+                "--enable-prompt-tokens-details",
+            ],
+            root,
+        )
+        rss = [("ready", rss_mib(server.proc.pid))]
+        peak = [0.0]
+        stop = threading.Event()
+
+        def sample() -> None:
+            while not stop.wait(2.0):
+                peak[0] = max(peak[0], rss_mib(server.proc.pid))
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        try:
+            settings = ReplaySettings(
+                url=server.base_url, max_tokens=8, concurrency=args.sessions, timeout_s=1800.0, progress=True
+            )
+
+            async def run():
+                async with connect(settings) as (client, model):
+                    return await replay_policy(client, settings, model, "pamer_load", plans)
+
+            started = time.monotonic()
+            records, _ = asyncio.run(run())
+            elapsed = time.monotonic() - started
+            rss.append(("after the replay", rss_mib(server.proc.pid)))
+            healthy = httpx.get(server.base_url + "/health", timeout=10).status_code == 200
+        finally:
+            stop.set()
+            server.stop()
+        sessions = isolation(root / "memory.sqlite3", plans, records)
+    errors = [r for r in records if r.status != "ok"]
+    latencies = sorted(r.latency_s for r in records if r.status == "ok")
+    actions = collections.Counter((r.pamer or {}).get("action") for r in records)
+    print(
+        f"{len(plans)} sessions at once, {len(records)} requests in {elapsed:.0f} s "
+        f"(context budget {args.budget}); actions {dict(actions)}"
+    )
+    print(f"errors: {len(errors)}" + "".join(f"\n   {e.session_id} step {e.step}: {e.error}" for e in errors[:5]))
+    if latencies:
+        p95 = latencies[int(0.95 * (len(latencies) - 1))]
+        print(f"latency: median {statistics.median(latencies):.1f} s, p95 {p95:.1f} s, max {latencies[-1]:.1f} s")
+    print("API server RSS (MiB): " + ", ".join(f"{w} {v:.0f}" for w, v in rss) + f", peak {peak[0]:.0f}")
+    compacted = sum(1 for s in sessions.values() if s["memories"])
+    foreign = sum(s["foreign_blocks"] + s["foreign_recalls"] for s in sessions.values())
+    print(
+        f"sessions that compacted: {compacted} of {len(sessions)}; memories "
+        f"{sum(s['memories'] for s in sessions.values())}; cross-session blocks or recalls: {foreign}; "
+        f"server healthy after: {healthy}"
+    )
+    return 0 if not errors and not foreign and healthy and compacted else 1
+
+
+def isolation(store: Path, plans, records) -> dict[str, dict[str, int]]:
+    """Per session: its memories, blocks they cover that are not the session's
+    own, and recalled memory ids that are not the session's."""
+    by_session = {}
+    for record in records:
+        by_session.setdefault(record.session_id, record.trajectory_key)
+    own_blocks = {
+        plan.key: {b.block_id for step in plan.steps for b in split_conversation(step.history).blocks} for plan in plans
+    }
+    conn = sqlite3.connect(f"file:{store}?mode=ro", uri=True)
+    out = {}
+    for session, key in by_session.items():
+        rows = conn.execute("SELECT id, covered_block_ids FROM memories WHERE session=?", (session,)).fetchall()
+        ids = {row[0] for row in rows}
+        covered = {b for _, blocks in rows for b in json.loads(blocks)}
+        recalled = {i for r in records if r.session_id == session for i in ((r.pamer or {}).get("recalled") or [])}
+        out[session] = {
+            "memories": len(rows),
+            "foreign_blocks": len(covered - own_blocks[key]),
+            "foreign_recalls": len(recalled - ids),
+        }
+    conn.close()
+    return out
+
+
+# -- crash ---------------------------------------------------------------------------
+def store_check(path: Path) -> list[str]:
+    """What is wrong with the store after a kill (nothing: [])."""
+    conn = sqlite3.connect(path)
+    try:
+        problems = []
+        if conn.execute("PRAGMA integrity_check").fetchone()[0] != "ok":
+            problems.append("integrity_check failed")
+        orphans = conn.execute("SELECT COUNT(*) FROM raw_blocks WHERE memory_id NOT IN (SELECT id FROM memories)")
+        if orphans.fetchone()[0]:
+            problems.append("raw blocks without their memory")
+        for memory_id, covered in conn.execute("SELECT id, covered_block_ids FROM memories").fetchall():
+            stored = conn.execute("SELECT COUNT(*) FROM raw_blocks WHERE memory_id=?", (memory_id,)).fetchone()[0]
+            if stored != len(json.loads(covered)):
+                problems.append(f"memory {memory_id} without all its raw blocks")
+        return problems
+    finally:
+        conn.close()
+
+
+def lost_blocks(path: Path, session: str, history: list[dict], sent: list[dict]) -> int:
+    """Blocks of ``history`` neither sent raw nor stored under one of the session's memories."""
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    stored = {row[0] for row in conn.execute("SELECT block_id FROM raw_blocks WHERE session=?", (session,))}
+    conn.close()
+    return sum(
+        1
+        for block in split_conversation(history).blocks
+        if block.block_id not in stored and not all(m in sent for m in block.messages)
+    )
+
+
+class Killer(threading.Thread):
+    """Watches the store's event log; SIGKILLs the server at the chosen point."""
+
+    def __init__(self, server: ServerProcess, store: Path, point: str, delay_s: float, after_id: int) -> None:
+        super().__init__(daemon=True)
+        self.server, self.store, self.point, self.delay_s, self.after_id = server, store, point, delay_s, after_id
+        self.fired: str | None = None
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        kind = "compression_started" if self.point == "during" else "compressed"
+        conn = sqlite3.connect(f"file:{self.store}?mode=ro", uri=True, check_same_thread=False)
+        try:
+            while not self.done.is_set():
+                try:
+                    row = conn.execute(
+                        "SELECT id, kind FROM events WHERE id > ? AND kind = ? ORDER BY id LIMIT 1",
+                        (self.after_id, kind),
+                    ).fetchone()
+                except sqlite3.Error:
+                    row = None
+                if row is not None:
+                    time.sleep(self.delay_s)
+                    self.fired = f"{self.point} (+{self.delay_s:.1f} s after {kind})"
+                    self.server.kill()
+                    return
+                time.sleep(0.02)
+        finally:
+            conn.close()
+
+
+def last_event_id(path: Path) -> int:
+    if not path.exists():
+        return 0
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return conn.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]
+    except sqlite3.Error:
+        return 0
+    finally:
+        conn.close()
+
+
+def crash(args: argparse.Namespace) -> int:
+    model_dir = ensure_default_model(quiet=True)
+    rng = random.Random(args.seed)
+    trajectories = [t for t in shared_or_shipped("tau_airline", "tau") if len(t["messages"]) >= 30]
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        heads = root / "always-compress.safetensors"
+        save_heads(constant_heads(model_fingerprint(model_dir, DEFAULT_MODEL_NAME), 10.0), heads)
+        options = {"summary_max_tokens": 48, "schedule": "paper"}
+        flags = ["--pamer-policy", "pamer", "--pamer-heads", str(heads), "--pamer-policy-options", json.dumps(options)]
+        store = root / "memory.sqlite3"
+        requests = [(t["id"], h) for t in trajectories for _, h in agent_requests(t["messages"])]
+        position, failures, rows = 0, 0, []
+
+        def post(client: httpx.Client, index: int) -> httpx.Response:
+            trajectory_id, history = requests[index]
+            return client.post(
+                "/v1/chat/completions",
+                json={"model": DEFAULT_MODEL_NAME, "messages": history, "max_tokens": 4, "temperature": 0},
+                headers={"X-Session-ID": f"crash-{trajectory_id}", "X-Pamer-Echo": "1"},
+            )
+
+        server = serve(flags, root, "server-0.log")
+        for cycle in range(1, args.cycles + 1):
+            point = rng.choice(["during", "after commit"])
+            delay = rng.uniform(0.0, 3.0) if point == "during" else 0.0
+            killer = Killer(server, store, point, delay, last_event_id(store))
+            killer.start()
+            resend = None
+            with httpx.Client(base_url=server.base_url, timeout=900) as client:
+                while killer.fired is None and position < len(requests) - 1:
+                    try:
+                        response = post(client, position)
+                    except httpx.HTTPError:
+                        resend = position  # the kill cut this request: sent again after the restart
+                        break
+                    if response.status_code != 200 and killer.fired is None:
+                        print(f"cycle {cycle}: HTTP {response.status_code} {response.text[:200]}")
+                    position += 1
+            killer.done.set()
+            killer.join(timeout=5)
+            server.kill()
+            problems = store_check(store)
+            # the restart on the same store; it serves the next cycle too
+            server = serve(flags, root, f"server-{cycle}.log")
+            index = position if resend is None else resend
+            with httpx.Client(base_url=server.base_url, timeout=900) as client:
+                response = post(client, index)
+            trajectory_id, history = requests[index]
+            continued = response.status_code == 200
+            sent = response.json()["pamer"]["messages_sent"] if continued else []
+            lost = lost_blocks(store, f"crash-{trajectory_id}", history, sent) if continued else -1
+            problems += [] if continued else [f"after the restart: HTTP {response.status_code}"]
+            problems += [f"{lost} blocks lost"] if lost > 0 else []
+            failures += bool(problems)
+            rows.append((cycle, killer.fired or "not fired (no compaction)", continued, lost, "; ".join(problems)))
+            print(f"cycle {cycle}: kill {rows[-1][1]}; continued {continued}; lost blocks {lost}; {problems or 'ok'}")
+            position = index + 1
+        server.stop()
+    print("\n| cycle | kill | session continued | blocks lost | problems |\n|---|---|---|---|---|")
+    for row in rows:
+        print("| " + " | ".join(str(c) for c in row[:4]) + f" | {row[4] or 'none'} |")
+    fired = sum(1 for r in rows if not r[1].startswith("not fired"))
+    print(f"\n{fired} kills of {len(rows)} cycles; cycles with a problem: {failures}")
+    return 0 if failures == 0 and fired == len(rows) else 1
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("fuzz", help="fuzzed requests; no 5xx")
+    p.add_argument("--examples", type=int, default=2000)
+    p.add_argument("--seed", type=int, default=None, help="hypothesis seed (default: derandomized)")
+    p = sub.add_parser("load", help="many sessions at once; isolation, latency, RSS")
+    p.add_argument("--sessions", type=int, default=32)
+    p.add_argument("--max-steps", type=int, default=16)
+    p.add_argument("--budget", type=int, default=4096, help="PaMER's context budget (small, so sessions compact)")
+    p = sub.add_parser("crash", help="SIGKILL at random points of compaction, restart on the same store")
+    p.add_argument("--cycles", type=int, default=10)
+    p.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    sys.exit({"fuzz": fuzz, "load": load, "crash": crash}[args.command](args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""Fuzzed requests against a real ``vllm-pamer serve`` (PaMER, an API key, a
+2,048-token window): every answer is a 4xx in an error format or a valid
+answer, never a 5xx, and the server stays up. ``PAMER_FUZZ_EXAMPLES`` sets
+how many (the long run: ``benchmarks/adversarial.py``)."""
+
+from __future__ import annotations
+
+import os
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from tests.fuzz_requests import check_answer, fuzzed_requests, send
+from vllm_pamer.demo import ensure_demo_heads
+from vllm_pamer.server_process import ServerProcess
+
+pytestmark = pytest.mark.e2e
+
+KEY = "fuzz-key"
+EXAMPLES = int(os.environ.get("PAMER_FUZZ_EXAMPLES", "300"))
+FUZZ_SERVER_ARGS = ["--pamer-policy", "pamer", "--max-model-len", "2048", "--enforce-eager", "--api-key", KEY]
+
+
+@pytest.fixture(scope="module")
+def client(default_model_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("fuzz")
+    heads = ensure_demo_heads(default_model_dir)
+    server = ServerProcess(
+        [*FUZZ_SERVER_ARGS, "--pamer-heads", str(heads)],
+        None,
+        root / "server.log",
+        env={"PAMER_STORE": str(root / "memory.sqlite3")},
+    )
+    try:
+        server.wait_ready(timeout=600, progress=False)
+        with httpx.Client(base_url=server.base_url, timeout=300) as http:
+            yield http
+    finally:
+        server.stop()
+
+
+def test_fuzzed_requests_get_a_4xx_or_an_answer_never_a_5xx(client):
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(fuzzed_requests(KEY))
+    def one(request):
+        check_answer(send(client, request))
+
+    one()
+    assert client.get("/health").status_code == 200
