@@ -63,10 +63,10 @@ def serve(args: list[str], root: Path, name: str = "server.log") -> ServerProces
 
 # -- fuzz --------------------------------------------------------------------------
 def fuzz(args: argparse.Namespace) -> int:
-    from hypothesis import HealthCheck, given, seed, settings
+    from hypothesis import given, seed
 
     from tests.e2e.test_fuzz_serve import FUZZ_SERVER_ARGS, KEY
-    from tests.fuzz_requests import check_answer, fuzzed_requests, send
+    from tests.fuzz_requests import check_answer, fuzz_settings, fuzzed_requests, send
     from vllm_pamer.demo import ensure_demo_heads
 
     model_dir = ensure_default_model(quiet=True)
@@ -79,13 +79,7 @@ def fuzz(args: argparse.Namespace) -> int:
         try:
             with httpx.Client(base_url=server.base_url, timeout=300) as client:
 
-                @settings(
-                    max_examples=args.examples,
-                    deadline=None,
-                    database=None,
-                    derandomize=args.seed is None,
-                    suppress_health_check=list(HealthCheck),
-                )
+                @fuzz_settings(args.examples, derandomize=args.seed is None)
                 @given(fuzzed_requests(KEY))
                 def one(request):
                     response = send(client, request)

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from vllm_pamer.default_model import DEFAULT_MODEL_NAME
@@ -103,7 +104,10 @@ def _duplicate_call_id(body: dict, draw) -> None:
 
 def _bad_arguments(body: dict, draw) -> None:
     for message in body["messages"]:
-        for call in message.get("tool_calls") or []:
+        calls = message.get("tool_calls")  # (an earlier mutation may have made it anything)
+        for call in calls if isinstance(calls, list) else []:
+            if not isinstance(call, dict):
+                continue
             call["function"] = draw(
                 st.one_of(odd_value, st.fixed_dictionaries({"name": odd_text, "arguments": odd_value}))
             )
@@ -230,6 +234,19 @@ def fuzzed_requests(draw, key: str | None = None) -> FuzzedRequest:
     else:
         content = _deepen(json.dumps(body)).encode()
     return FuzzedRequest(headers, content, what)
+
+
+def fuzz_settings(examples: int, derandomize: bool = True) -> settings:
+    """How both runs drive the fuzzer: ``examples`` requests, no deadline (an
+    engine answers in seconds), no example database, no health checks (the
+    requests are large by design)."""
+    return settings(
+        max_examples=examples,
+        deadline=None,
+        derandomize=derandomize,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
 
 
 def check_answer(response: httpx.Response) -> None:

@@ -9,9 +9,9 @@ import os
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 
-from tests.fuzz_requests import check_answer, fuzzed_requests, send
+from tests.fuzz_requests import check_answer, fuzz_settings, fuzzed_requests, send
 from vllm_pamer.demo import ensure_demo_heads
 from vllm_pamer.server_process import ServerProcess
 
@@ -41,13 +41,7 @@ def client(default_model_dir, tmp_path_factory):
 
 
 def test_fuzzed_requests_get_a_4xx_or_an_answer_never_a_5xx(client):
-    @settings(
-        max_examples=EXAMPLES,
-        deadline=None,
-        derandomize=True,
-        database=None,
-        suppress_health_check=list(HealthCheck),
-    )
+    @fuzz_settings(EXAMPLES)
     @given(fuzzed_requests(KEY))
     def one(request):
         check_answer(send(client, request))

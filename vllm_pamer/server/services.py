@@ -43,8 +43,8 @@ class VllmEngineServices:
         inbox: CaptureInbox,
         max_model_len: int,
         capture_wait_s: float,
+        summary_concurrency: int,
         embedder: Embedder | None = None,
-        summary_concurrency: int = 1,
     ) -> None:
         """``embedder``: used instead of the served model's state (None: the
         served model). ``capture_wait_s``: how long an embedding waits for its

@@ -52,8 +52,8 @@ class ServerState:
             self.inbox,
             model_config.max_model_len,
             settings.capture_wait_s,
-            embedder,
             settings.summary_concurrency,
+            embedder,
         )
         self.context = PolicyContext(self.store, self.services)
         self.sessions.on_evict = self.services.index.drop_session

@@ -18,7 +18,8 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +138,17 @@ class SqliteStore(MemoryStore):
         with self._lock:
             self._conn.close()
 
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """One write transaction, committed or rolled back whole; the caller holds the lock."""
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+            self._conn.execute("COMMIT")
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+
     # -- writes -------------------------------------------------------------------
     def _commit_memory(
         self,
@@ -157,45 +169,39 @@ class SqliteStore(MemoryStore):
         raw = [json.dumps(list(block.messages)) for block in blocks]
         size = sum(len(text) for text in raw)
         try:
-            with self._lock:
-                self._conn.execute("BEGIN IMMEDIATE")
-                try:
-                    now = time.time()
-                    self._check_caps(session, size, now)
-                    cursor = self._conn.execute(
-                        "INSERT INTO memories (session, summary, embedding, embedding_dim, embedder, "
-                        "covered_block_ids, step_details, model_fingerprint, created) VALUES (?,?,?,?,?,?,?,?,?)",
-                        (
-                            session,
-                            summary,
-                            vector.tobytes(),
-                            int(vector.size),
-                            embedder,
-                            json.dumps(ids),
-                            msgspec.json.encode(step_details).decode(),
-                            self.model_fingerprint,
-                            now,
-                        ),
-                    )
-                    assert cursor.lastrowid is not None  # set by the INSERT
-                    memory_id = int(cursor.lastrowid)
-                    self._conn.executemany(
-                        "INSERT INTO raw_blocks (session, block_id, memory_id, position, messages) VALUES (?,?,?,?,?)",
-                        [
-                            (session, block.block_id, memory_id, detail.step, text)
-                            for block, detail, text in zip(blocks, step_details, raw)
-                        ],
-                    )
-                    self._conn.execute(
-                        "INSERT INTO sessions (session, last_used, memories, raw_bytes) VALUES (?,?,1,?) "
-                        "ON CONFLICT(session) DO UPDATE SET last_used=excluded.last_used, "
-                        "memories=memories+1, raw_bytes=raw_bytes+excluded.raw_bytes",
-                        (session, now, size),
-                    )
-                    self._conn.execute("COMMIT")
-                except BaseException:
-                    self._conn.execute("ROLLBACK")
-                    raise
+            with self._lock, self._transaction():
+                now = time.time()
+                self._check_caps(session, size, now)
+                cursor = self._conn.execute(
+                    "INSERT INTO memories (session, summary, embedding, embedding_dim, embedder, "
+                    "covered_block_ids, step_details, model_fingerprint, created) VALUES (?,?,?,?,?,?,?,?,?)",
+                    (
+                        session,
+                        summary,
+                        vector.tobytes(),
+                        int(vector.size),
+                        embedder,
+                        json.dumps(ids),
+                        msgspec.json.encode(step_details).decode(),
+                        self.model_fingerprint,
+                        now,
+                    ),
+                )
+                assert cursor.lastrowid is not None  # set by the INSERT
+                memory_id = int(cursor.lastrowid)
+                self._conn.executemany(
+                    "INSERT INTO raw_blocks (session, block_id, memory_id, position, messages) VALUES (?,?,?,?,?)",
+                    [
+                        (session, block.block_id, memory_id, detail.step, text)
+                        for block, detail, text in zip(blocks, step_details, raw)
+                    ],
+                )
+                self._conn.execute(
+                    "INSERT INTO sessions (session, last_used, memories, raw_bytes) VALUES (?,?,1,?) "
+                    "ON CONFLICT(session) DO UPDATE SET last_used=excluded.last_used, "
+                    "memories=memories+1, raw_bytes=raw_bytes+excluded.raw_bytes",
+                    (session, now, size),
+                )
         except sqlite3.Error as exc:
             raise StoreError(f"storing the memory failed: {exc}") from exc
         return memory_id
@@ -213,13 +219,8 @@ class SqliteStore(MemoryStore):
                     )
                 self._events_since_prune += 1
                 if self._events_since_prune >= PRUNE_EVERY:
-                    self._conn.execute("BEGIN IMMEDIATE")
-                    try:
+                    with self._transaction():
                         self._prune(time.time())
-                        self._conn.execute("COMMIT")
-                    except BaseException:
-                        self._conn.execute("ROLLBACK")
-                        raise
         except (sqlite3.Error, StoreError):
             logger.exception("vllm-pamer store: event log write or retention failed")
 
@@ -311,23 +312,19 @@ class SqliteStore(MemoryStore):
                 bad.append(row[0])
             else:
                 memories.append(memory)
+        if not rows:  # nothing stored for the session: nothing to record
+            return LoadResult(memories)
         try:
-            with self._lock:
-                self._conn.execute("BEGIN IMMEDIATE")
-                try:
-                    if bad:  # corrupt state: discard it and start from what is valid; never repair
-                        self._conn.executemany("DELETE FROM raw_blocks WHERE memory_id=?", [(i,) for i in bad])
-                        self._conn.executemany("DELETE FROM memories WHERE id=?", [(i,) for i in bad])
-                        self._conn.execute(
-                            "UPDATE sessions SET memories=?, raw_bytes=COALESCE((SELECT SUM(LENGTH(messages)) "
-                            "FROM raw_blocks WHERE session=?), 0) WHERE session=?",
-                            (len(memories), session, session),
-                        )
-                    self._conn.execute("UPDATE sessions SET last_used=? WHERE session=?", (time.time(), session))
-                    self._conn.execute("COMMIT")
-                except BaseException:
-                    self._conn.execute("ROLLBACK")
-                    raise
+            with self._lock, self._transaction():
+                if bad:  # corrupt state: discard it and start from what is valid; never repair
+                    self._conn.executemany("DELETE FROM raw_blocks WHERE memory_id=?", [(i,) for i in bad])
+                    self._conn.executemany("DELETE FROM memories WHERE id=?", [(i,) for i in bad])
+                    self._conn.execute(
+                        "UPDATE sessions SET memories=?, raw_bytes=COALESCE((SELECT SUM(LENGTH(messages)) "
+                        "FROM raw_blocks WHERE session=?), 0) WHERE session=?",
+                        (len(memories), session, session),
+                    )
+                self._conn.execute("UPDATE sessions SET last_used=? WHERE session=?", (time.time(), session))
         except sqlite3.Error:  # the valid memories are still served; the discard waits for the next load
             logger.exception("vllm-pamer store: recording the session's use failed")
         if bad:
