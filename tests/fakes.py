@@ -45,6 +45,7 @@ class FakeEngine:
         self.running = self.most_running = 0  # summaries in progress, and the most at once
         self._slots = asyncio.Semaphore(slots) if slots else contextlib.nullcontext()
         self.counted: list[int] = []  # messages of every prompt_tokens call
+        self.conversation_summaries = 0  # summary requests in the conversation layout
 
     def kv_usage(self):
         return self.kv
@@ -72,6 +73,7 @@ class FakeEngine:
         return "SUMMARY " + " ".join(sorted(set(w for w in source.split() if w.startswith("ID"))))
 
     async def summarize_conversation(self, messages, max_tokens):
+        self.conversation_summaries += 1
         return None  # "does not fit": the text layout is used
 
     async def complete(self, messages, max_tokens, json_schema=None, kind="internal"):

@@ -49,7 +49,7 @@ class Session:
 
 class Settings:
     context_budget, budget_share, band_share, target_share = 0, 0.75, 0.25, 0.5
-    kv_pressure, kv_low, kv_high, kv_min_scale = True, 0.5, 0.9, 0.5
+    kv_pressure, kv_low, kv_high, kv_min_scale, vote_under_kv_pressure = True, 0.5, 0.9, 0.5, False
 
 
 def test_budget_band_and_target_follow_window_request_and_kv():
@@ -71,6 +71,18 @@ def test_trigger_never_below_the_band_vote_inside_forced_at_the_top():
     assert trigger(budget, 3000, False, False) == "window"
     scarce = budget_for(Settings, 8192, None, 0.95)
     assert trigger(scarce, 3500, True, False) == "kv_pressure"  # only because the KV cache is full
+
+
+def test_under_kv_pressure_the_vote_waits_for_the_shrunk_budget():
+    scarce = budget_for(Settings, 8192, None, 0.7)  # 4,608 tokens, the band from 3,456
+    assert scarce.under_kv_pressure and not budget_for(Settings, 8192, None, 0.3).under_kv_pressure
+    assert trigger(scarce, 4000, True, True) is None  # inside the shrunk band: the vote waits
+    assert trigger(scarce, 4608, True, True) == "kv_pressure"
+
+    class Voting(Settings):
+        vote_under_kv_pressure = True
+
+    assert trigger(budget_for(Voting, 8192, None, 0.7), 4000, True, True) == "vote"
 
 
 def test_archive_count_reaches_the_target_and_keeps_the_recent_blocks():
@@ -128,6 +140,17 @@ def test_kv_pressure_compacts_earlier(store):
     assert roomy.action == "none" and roomy.schedule.budget == 2000
     assert scarce.action == "compressed" and scarce.schedule.trigger == "kv_pressure"
     assert scarce.schedule.budget == 1000 and scarce.schedule.kv_usage == 0.95
+
+
+def test_under_kv_pressure_the_summary_resends_only_the_archived_steps(store):
+    roomy, scarce = FakeEngine(window=8192, kv_usage=0.2), FakeEngine(window=8192, kv_usage=0.95)
+    assert Session(store, roomy).send(conversation(9), session="roomy").action == "compressed"
+    assert Session(store, scarce).send(conversation(5), session="scarce").action == "compressed"
+    assert roomy.conversation_summaries == 1 and roomy.summaries == 1  # asked, then the text fallback
+    assert scarce.conversation_summaries == 0 and scarce.summaries == 1
+    asked = FakeEngine(window=8192, kv_usage=0.95)
+    Session(store, asked, kv_pressure_summary_layout="conversation").send(conversation(5), session="asked")
+    assert asked.conversation_summaries == 1
 
 
 def test_a_request_sets_its_own_budget(store):

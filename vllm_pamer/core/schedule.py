@@ -17,6 +17,11 @@ rarely and remove much. The schedule has a context *budget* in tokens and a
 The budget can follow the engine's KV pressure: with roomy KV it stays as
 configured (compact late: cheap prefill); as the KV cache fills it shrinks
 towards ``kv_min_scale`` of itself (compact earlier: a smaller footprint).
+While it is shrunk the vote does not compact (unless ``vote_under_kv_pressure``):
+the shrunk band lies where the sessions already are, and a compaction there
+recomputes what the scarce cache could not keep, so only the shrunk budget's
+top does (``benchmarks/RESULTS.md``, "The budget schedule under a KV budget
+that binds").
 """
 
 from __future__ import annotations
@@ -58,6 +63,9 @@ class ScheduleSettings(Protocol):
     @property
     def kv_min_scale(self) -> float: ...
 
+    @property
+    def vote_under_kv_pressure(self) -> bool: ...
+
 
 def check_schedule(cfg: ScheduleSettings) -> None:
     """Raise ValueError for settings the schedule cannot follow."""
@@ -82,6 +90,13 @@ class Budget(msgspec.Struct, frozen=True):
     """Where the band starts."""
     target: int
     """What a compaction brings the request down to."""
+    vote: bool = True
+    """Whether the heads' vote may compact inside the band."""
+
+    @property
+    def under_kv_pressure(self) -> bool:
+        """KV pressure has shrunk the budget."""
+        return self.budget < self.base
 
 
 def kv_scale(cfg: ScheduleSettings, kv_usage: float | None) -> float:
@@ -101,7 +116,8 @@ def budget_for(cfg: ScheduleSettings, window: int, requested: int | None, kv_usa
     if base <= 0:  # no budget and no window known: nothing ever compacts
         base = NO_BUDGET
     budget = max(1, int(base * kv_scale(cfg, kv_usage)))
-    return Budget(budget, base, int(budget * (1 - cfg.band_share)), int(budget * cfg.target_share))
+    vote = budget == base or cfg.vote_under_kv_pressure
+    return Budget(budget, base, int(budget * (1 - cfg.band_share)), int(budget * cfg.target_share), vote)
 
 
 def trigger(budget: Budget, sent_tokens: int, fits_window: bool, compress_vote: bool | None) -> Trigger | None:
@@ -110,7 +126,7 @@ def trigger(budget: Budget, sent_tokens: int, fits_window: bool, compress_vote: 
         return "window"
     if sent_tokens >= budget.budget:
         return "top_of_band" if sent_tokens >= budget.base else "kv_pressure"
-    if sent_tokens >= budget.band_low and compress_vote:
+    if sent_tokens >= budget.band_low and compress_vote and budget.vote:
         return "vote"
     return None
 

@@ -69,6 +69,9 @@ class CompactionSettings(ScheduleSettings, Protocol):
     @property
     def memory_share(self) -> float: ...
 
+    @property
+    def kv_pressure_summary_layout(self) -> str: ...
+
 
 class CompactionHost(Protocol):
     """What the schedule needs of the policy that owns it (``Pamer``)."""
@@ -295,8 +298,10 @@ class BudgetSchedule:
         await store.log_event(
             session, "compression_started", {"blocks": len(archived), "sent_tokens": report.sent_tokens, "trigger": why}
         )
+        # under KV pressure the conversation is seldom still cached: the text layout prefills less
+        resend = None if budget.under_kv_pressure and cfg.kv_pressure_summary_layout == "text" else prefix
         try:
-            summary, embedding = await self.host.summarize_and_embed(archived, services, prefix, shown)
+            summary, embedding = await self.host.summarize_and_embed(archived, services, resend, shown)
         except StepFailure as failure:
             await store.log_event(session, failure.rule, {"error": failure.detail})
             return PolicyDecision(original, f"fallback:{failure.rule}", failure.detail, schedule=report)

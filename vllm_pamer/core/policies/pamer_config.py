@@ -36,6 +36,14 @@ class PamerConfig(SummaryConfig, frozen=True):
     """``budget``: KV-cache usage at which the budget has shrunk to ``kv_min_scale``."""
     kv_min_scale: float = 0.5
     """``budget``: the smallest share of the budget KV pressure leaves."""
+    vote_under_kv_pressure: bool = False
+    """``budget``: let the heads' vote compact inside the band while KV pressure
+    has shrunk the budget. Off: then only the shrunk budget's top (or the
+    window) compacts, since the shrunk band lies where the sessions already are."""
+    kv_pressure_summary_layout: str = "text"
+    """``budget``: the summary layout while KV pressure has shrunk the budget.
+    ``text`` prefills only the archived steps: a scarce cache seldom still holds
+    the conversation that ``conversation`` resends."""
     record_share: float = 0.15
     """``budget``: the verbatim record of the steps a compaction archives
     (``core/record.py``) has this share of the budget; a compaction archives
@@ -93,6 +101,10 @@ class PamerConfig(SummaryConfig, frozen=True):
             raise ValueError(f"query_source must be 'text' or 'captured', not {self.query_source!r}")
         if self.top_k < 1:
             raise ValueError("top_k must be >= 1")
+        if self.kv_pressure_summary_layout not in ("text", "conversation"):
+            raise ValueError(
+                f"kv_pressure_summary_layout must be 'text' or 'conversation', not {self.kv_pressure_summary_layout!r}"
+            )
         if self.schedule not in ("budget", "paper"):
             raise ValueError(f"schedule must be 'budget' or 'paper', not {self.schedule!r}")
         check_schedule(self)
