@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import json
 import random
@@ -96,6 +97,9 @@ class ModelEngine:
     def kv_usage(self) -> float | None:
         return None
 
+    def summary_slot(self) -> contextlib.nullcontext[None]:
+        return contextlib.nullcontext()  # one request at a time: no turns to wait for
+
     def top_k(self, session, query, memories, k):
         return cosine_top_k(query, memories, k)
 
@@ -106,7 +110,7 @@ def simulate(policy_name: str, options: dict, trajectories: list[dict], args: ar
     with tempfile.TemporaryDirectory() as tmp:
         context = PolicyContext(SqliteStore(Path(tmp) / "memory.sqlite3"), engine)
         votes = random.Random(args.seed)
-        needed = available = chars_in = chars_out = compactions = refused = prefill = 0
+        needed = available = chars_in = chars_out = compactions = refused = prefill = fallbacks = 0
         for trajectory in trajectories:
             kind, previous = trajectory_kind(trajectory), []
             for step, (index, history) in enumerate(agent_requests(trajectory["messages"])):
@@ -124,6 +128,7 @@ def simulate(policy_name: str, options: dict, trajectories: list[dict], args: ar
                     )
                 )
                 compactions += out.action == "compressed"
+                fallbacks += out.action.startswith("fallback:")  # a broken model engine shows here
                 sent = out.messages
                 values = needed_values(history, trajectory["messages"][index], kind)
                 needed += len(values)
@@ -148,6 +153,7 @@ def simulate(policy_name: str, options: dict, trajectories: list[dict], args: ar
         "summary_prefill": engine.summary_prefill,
         "compactions": compactions,
         "refused": refused,
+        "fallbacks": fallbacks,
         "evidence": round(evidence, 3),
         "chars_share": round(share, 3),
         "over_recency_pt": round(100 * (evidence - recency), 1) if recency is not None else None,
