@@ -93,6 +93,14 @@ def policy_options(summary_tokens: int) -> dict[str, dict]:
         "pamer_text": {"policy": "pamer", "summary_max_tokens": n, "summary_layout": "text"},
         # the tight operating point: a context budget of half the window
         "pamer_tight": {"policy": "pamer", "summary_max_tokens": n, "context_budget": TIGHT_BUDGET},
+        # the budget schedule as before 8ee507b under KV pressure: the vote compacts inside the
+        # shrunk band and the summary resends the conversation
+        "pamer_kv_vote": {
+            "policy": "pamer",
+            "summary_max_tokens": n,
+            "vote_under_kv_pressure": True,
+            "kv_pressure_summary_layout": "conversation",
+        },
         "pamer_paper": paper,  # the paper's schedule (Algorithm 1), what `pamer` was before the budget schedule
         "pamer_plus": {"summary_max_tokens": n, "recall_max_tokens": n},
         "periodic_summary": {"summary_max_tokens": n},

@@ -65,8 +65,8 @@ class ModelEngine:
 
     embedder_name = "hashed-words"
 
-    def __init__(self, counter: TokenCounter, window: int) -> None:
-        self.counter, self.max_model_len = counter, window
+    def __init__(self, counter: TokenCounter, window: int, kv_usage: float | None = None) -> None:
+        self.counter, self.max_model_len, self.kv = counter, window, kv_usage
         self.summary_prefill = 0
 
     def count_tokens(self, messages: Sequence[Message]) -> int:
@@ -95,7 +95,7 @@ class ModelEngine:
         return vector
 
     def kv_usage(self) -> float | None:
-        return None
+        return self.kv
 
     def summary_slot(self) -> contextlib.nullcontext[None]:
         return contextlib.nullcontext()  # one request at a time: no turns to wait for
@@ -105,7 +105,7 @@ class ModelEngine:
 
 
 def simulate(policy_name: str, options: dict, trajectories: list[dict], args: argparse.Namespace, counter) -> dict:
-    engine = ModelEngine(counter, args.window)
+    engine = ModelEngine(counter, args.window, args.kv_usage)
     policy = create_policy(options.get("policy", policy_name), {k: v for k, v in options.items() if k != "policy"})
     with tempfile.TemporaryDirectory() as tmp:
         context = PolicyContext(SqliteStore(Path(tmp) / "memory.sqlite3"), engine)
@@ -178,6 +178,9 @@ def main() -> None:
     parser.add_argument("--options", default="{}", help="JSON: per policy, options over benchmarks.policies' own")
     parser.add_argument("--vote-p", type=float, default=0.8, help="chance the heads vote compress")
     parser.add_argument("--window", type=int, default=8192)
+    parser.add_argument(
+        "--kv-usage", type=float, default=None, help="KV-cache usage (0-1) every request sees (default: unknown)"
+    )
     parser.add_argument("--block", type=int, default=128, help="KV block size (vLLM's CPU default)")
     parser.add_argument("--summary-tokens", type=int, default=96)
     parser.add_argument("--seed", type=int, default=0)

@@ -22,7 +22,7 @@ def test_the_model_engine_keeps_the_engine_contract_and_pamer_compacts(tokenizer
     contract = {name for name in dir(EngineServices) if not name.startswith("_")} | {"embedder_name", "max_model_len"}
     engine = ModelEngine(counter, 8192)
     assert {name for name in contract if not hasattr(engine, name)} == set()
-    args = argparse.Namespace(max_steps=30, vote_p=0.8, seed=0, window=8192, block=128)
+    args = argparse.Namespace(max_steps=30, vote_p=0.8, seed=0, window=8192, block=128, kv_usage=None)
     trajectories = load_trajectories(kind="swe")[:1]
     options = {**policy_options(96)["pamer_tight"], "context_budget": 3000}
     out = simulate("pamer_tight", options, trajectories, args, counter)
