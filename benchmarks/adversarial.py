@@ -133,12 +133,13 @@ def load(args: argparse.Namespace) -> int:
             root,
         )
         rss = [("ready", rss_mib(server.proc.pid))]
-        peak = [0.0]
+        samples: list[tuple[float, float]] = []  # (seconds since the replay began, MiB)
         stop = threading.Event()
+        begun = time.monotonic()
 
         def sample() -> None:
             while not stop.wait(2.0):
-                peak[0] = max(peak[0], rss_mib(server.proc.pid))
+                samples.append((time.monotonic() - begun, rss_mib(server.proc.pid)))
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
@@ -168,10 +169,23 @@ def load(args: argparse.Namespace) -> int:
         f"(context budget {args.budget}); actions {dict(actions)}"
     )
     print(f"errors: {len(errors)}" + "".join(f"\n   {e.session_id} step {e.step}: {e.error}" for e in errors[:5]))
+    fallbacks = collections.Counter(
+        f"{r.pamer['action']}: {r.pamer.get('detail', '')[:160]}"
+        for r in records
+        if r.pamer and str(r.pamer.get("action", "")).startswith("fallback:")
+    )
+    print("fallbacks (the request went out as it came):" + "".join(f"\n   {n} x {w}" for w, n in fallbacks.items()))
     if latencies:
         p95 = latencies[int(0.95 * (len(latencies) - 1))]
         print(f"latency: median {statistics.median(latencies):.1f} s, p95 {p95:.1f} s, max {latencies[-1]:.1f} s")
-    print("API server RSS (MiB): " + ", ".join(f"{w} {v:.0f}" for w, v in rss) + f", peak {peak[0]:.0f}")
+    peak = max((m for _, m in samples), default=rss[0][1])
+    print("API server RSS (MiB): " + ", ".join(f"{w} {v:.0f}" for w, v in rss) + f", peak {peak:.0f}")
+    # flat or growing: its median in each quarter of the replay
+    quarters = [[m for t, m in samples if q * elapsed / 4 <= t < (q + 1) * elapsed / 4] for q in range(4)]
+    print(
+        "API server RSS, median of each quarter of the replay (MiB): "
+        + ", ".join(f"{statistics.median(q):.0f}" if q else "-" for q in quarters)
+    )
     compacted = sum(1 for s in sessions.values() if s["memories"])
     foreign = sum(s["foreign_blocks"] + s["foreign_recalls"] for s in sessions.values())
     print(
