@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import sys
 from pathlib import Path
@@ -83,6 +84,12 @@ def print_ratios(results: dict[str, list[list[PolicyRow]]]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--policies", default="none,pamer")
+    parser.add_argument(
+        "--options",
+        default="{}",
+        help='JSON, per policy: options over benchmarks.policies\' own; a new name needs "policy" '
+        '(e.g. {"pamer_s75": {"policy": "pamer", "kv_min_scale": 0.75}})',
+    )
     parser.add_argument("--rounds", type=int, default=2, help="runs of each side (default %(default)s)")
     parser.add_argument("--swe", type=int, default=2, help="first N mini-swe trajectories")
     parser.add_argument("--max-steps", type=int, default=20, help="first N requests of each trajectory")
@@ -110,13 +117,16 @@ def main() -> None:
     if heads is None:
         sys.exit("no heads: ship trained heads (vllm-pamer train)")
     policies = [p for p in args.policies.split(",") if p]
+    options = policy_options(args.summary_tokens)
+    for name, extra in json.loads(args.options).items():  # a variant: its options over a known policy's
+        options[name] = {**options.get(name, {}), **extra}
     plans = plan_replay(shared_or_shipped("mini_swe", "swe")[: args.swe], args.max_steps)
     requests = sum(len(p.steps) for p in plans)
     budgets = (None, args.small_kv_gib)
     kv_tokens: list[set[str]] = [set(), set()]  # as each server reported its budget
 
     def start(side: int, log: Path):
-        return start_server(heads, policy_options(args.summary_tokens), args.serve_args, budgets[side], log)
+        return start_server(heads, options, args.serve_args, budgets[side], log)
 
     def measure(side: int, server) -> dict[str, PolicyRow]:
         kv_tokens[side].update(KV_TOKENS_RE.findall(server.log_path.read_text(errors="replace")))
