@@ -131,9 +131,17 @@ def load_plans(args: argparse.Namespace) -> tuple[list[TrajectoryPlan], list[Tra
     return chosen[0], chosen[1]
 
 
-def start_server(heads: str, options: dict, serve_args: str, kv_cache_gib: float | None, log: Path) -> ServerProcess:
+def start_server(
+    heads: str,
+    options: dict,
+    serve_args: str,
+    kv_cache_gib: float | None,
+    log: Path,
+    kv_cache_blocks: int | None = None,
+) -> ServerProcess:
     """The benchmark's ``vllm-pamer serve`` (not waited for): every policy
-    selectable per request, a fresh memory store beside ``log``."""
+    selectable per request, a fresh memory store beside ``log``; the KV cache
+    as vLLM sizes it, or ``kv_cache_gib``, or ``kv_cache_blocks`` blocks."""
     serve = [
         "--pamer-policy",
         "none",
@@ -147,6 +155,8 @@ def start_server(heads: str, options: dict, serve_args: str, kv_cache_gib: float
     ]
     if kv_cache_gib is not None:
         serve += ["--kv-cache-memory-bytes", str(int(kv_cache_gib * 2**30))]
+    if kv_cache_blocks is not None:  # the same tokens on any machine (bytes per token differ by dtype)
+        serve += ["--num-gpu-blocks-override", str(kv_cache_blocks)]
     # dev mode serves POST /reset_prefix_cache: each run starts from an empty
     # prefix cache, so "prefill computed" compares across policies
     env = {"PAMER_STORE": str(log.parent / "memory.sqlite3"), "VLLM_SERVER_DEV_MODE": "1"}
@@ -206,6 +216,13 @@ def main() -> None:
         "what limits the server",
     )
     parser.add_argument(
+        "--kv-cache-blocks",
+        type=int,
+        default=None,
+        help="hold the KV cache at this many blocks (vLLM's --num-gpu-blocks-override): a sitting on a "
+        "machine that sizes the cache otherwise keeps the run's budget in tokens",
+    )
+    parser.add_argument(
         "--stop-after-min",
         type=float,
         default=None,
@@ -231,16 +248,18 @@ def main() -> None:
     out = Path(args.out)
     groups = make_groups(*load_plans(args), args.group_size, args.swe_group_size or args.group_size)
     fixed = {k: getattr(args, k) for k in RUN_OPTIONS}
+    run_settings = {**fixed, "heads": Path(heads).name}
     try:
-        commits = check_settings(out, {**fixed, "heads": Path(heads).name}, git_commit(ROOT), not args.report_only)
+        commits = check_settings(out, run_settings, git_commit(ROOT), running=False)
     except SettingsMismatch as exc:
         sys.exit(str(exc))
     if not args.report_only:
         log = Path(tempfile.mkdtemp(prefix="policies-")) / "server.log"
-        server = start_server(heads, options, args.serve_args, args.kv_cache_gib, log)
+        server = start_server(heads, options, args.serve_args, args.kv_cache_gib, log, args.kv_cache_blocks)
         try:
             server.wait_ready(timeout=900)
-            note_kv_budget(out, Path(log).read_text(errors="replace"))
+            note_kv_budget(out, Path(log).read_text(errors="replace"))  # refuses another budget than the run's
+            commits = check_settings(out, run_settings, git_commit(ROOT))  # this sitting's code joins the run
             settings = ReplaySettings(
                 url=server.base_url, max_tokens=args.max_tokens, concurrency=args.concurrency, reset_prefix_cache=True
             )

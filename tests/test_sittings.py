@@ -52,6 +52,10 @@ def test_settings_are_kept_and_a_resume_with_others_is_refused(tmp_path):
     assert sittings.note_kv_budget(tmp_path, log) == 169_216 and sittings.kv_budget(tmp_path) == "169,216"
     assert sittings.check_settings(tmp_path, settings, "abc1234") == commits  # the reported budget is not an option
     assert sittings.kv_budget(tmp_path) == "169,216"  # and a resume keeps it
+    assert sittings.note_kv_budget(tmp_path, log) == 169_216  # a sitting with the same budget goes on
+    with pytest.raises(SystemExit, match=r"25,216 tokens.*169,216"):  # one with another is refused
+        sittings.note_kv_budget(tmp_path, log.replace("169,216", "25,216"))
+    assert sittings.kv_budget(tmp_path) == "169,216"
     with pytest.raises(SystemExit, match="extra"):
         sittings.check_settings(tmp_path, {**settings, "extra": 3}, "abc1234")  # a new option set differently
     assert (

@@ -93,14 +93,22 @@ def check_settings(out: Path, settings: dict, commit: str, running: bool = True)
 
 
 def note_kv_budget(out: Path, log_text: str) -> int | None:
-    """The KV-cache budget the server reported (tokens), kept in settings.json
-    (every sitting runs the same server options, so the same budget)."""
+    """The KV-cache budget the server reported (tokens), kept in settings.json.
+    A sitting whose server holds another budget than the run's earlier ones
+    (another machine sizes the cache by its own memory) is refused: the
+    policies' figures depend on it."""
     match = KV_TOKENS_RE.search(log_text)
     if match is None:
         return None
     tokens = int(match.group(1).replace(",", ""))
     path = out / "settings.json"
     settings = json.loads(path.read_text())
+    earlier = settings.get("kv_cache_tokens")
+    if earlier is not None and earlier != tokens:
+        raise SettingsMismatch(
+            f"this server's KV cache holds {tokens:,} tokens, the earlier sittings of {out} had {earlier:,}: "
+            "pass --kv-cache-blocks (the earlier tokens over the block size the log names) to hold the same"
+        )
     settings["kv_cache_tokens"] = tokens
     path.write_text(json.dumps(settings, indent=2) + "\n")
     return tokens
