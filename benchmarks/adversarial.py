@@ -135,11 +135,11 @@ def load(args: argparse.Namespace) -> int:
         rss = [("ready", rss_mib(server.proc.pid))]
         samples: list[tuple[float, float]] = []  # (seconds since the replay began, MiB)
         stop = threading.Event()
-        begun = time.monotonic()
+        started = time.monotonic()  # the replay's clock: its RSS samples and its length
 
         def sample() -> None:
             while not stop.wait(2.0):
-                samples.append((time.monotonic() - begun, rss_mib(server.proc.pid)))
+                samples.append((time.monotonic() - started, rss_mib(server.proc.pid)))
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
@@ -152,7 +152,6 @@ def load(args: argparse.Namespace) -> int:
                 async with connect(settings) as (client, model):
                     return await replay_policy(client, settings, model, "pamer_load", plans)
 
-            started = time.monotonic()
             records, _ = asyncio.run(run())
             elapsed = time.monotonic() - started
             rss.append(("after the replay", rss_mib(server.proc.pid)))

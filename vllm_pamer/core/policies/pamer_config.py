@@ -3,7 +3,7 @@ when to compact, the summaries, the recall, the guards."""
 
 from __future__ import annotations
 
-from vllm_pamer.core.policies.summary import SummaryConfig
+from vllm_pamer.core.policies.summary import SUMMARY_LAYOUTS, SummaryConfig
 from vllm_pamer.core.schedule import check_schedule
 
 
@@ -101,7 +101,7 @@ class PamerConfig(SummaryConfig, frozen=True):
             raise ValueError(f"query_source must be 'text' or 'captured', not {self.query_source!r}")
         if self.top_k < 1:
             raise ValueError("top_k must be >= 1")
-        if self.kv_pressure_summary_layout not in ("text", "conversation"):
+        if self.kv_pressure_summary_layout not in SUMMARY_LAYOUTS:
             raise ValueError(
                 f"kv_pressure_summary_layout must be 'text' or 'conversation', not {self.kv_pressure_summary_layout!r}"
             )

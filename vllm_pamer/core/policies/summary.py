@@ -26,6 +26,9 @@ SUMMARY_CHECKLIST = (
 )
 """What every summary request asks to keep (both layouts)."""
 
+SUMMARY_LAYOUTS = ("text", "conversation")
+"""The summary request's layouts (``SummaryConfig.summary_layout``)."""
+
 
 class SummaryConfig(PolicyConfig, frozen=True):
     """Settings of every policy that writes summaries (PaMER, the summary
@@ -55,7 +58,7 @@ class SummaryConfig(PolicyConfig, frozen=True):
     def __post_init__(self) -> None:
         if self.retained_blocks < 0:
             raise ValueError("retained_blocks must be >= 0")
-        if self.summary_layout not in ("text", "conversation"):
+        if self.summary_layout not in SUMMARY_LAYOUTS:
             raise ValueError(f"summary_layout must be 'text' or 'conversation', not {self.summary_layout!r}")
 
 
