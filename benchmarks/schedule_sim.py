@@ -65,8 +65,10 @@ class ModelEngine:
 
     embedder_name = "hashed-words"
 
-    def __init__(self, counter: TokenCounter, window: int, kv_usage: float | None = None) -> None:
-        self.counter, self.max_model_len, self.kv = counter, window, kv_usage
+    def __init__(
+        self, counter: TokenCounter, window: int, kv_usage: float | None = None, kv_capacity: int | None = None
+    ) -> None:
+        self.counter, self.max_model_len, self.kv, self.capacity = counter, window, kv_usage, kv_capacity
         self.summary_prefill = 0
 
     def count_tokens(self, messages: Sequence[Message]) -> int:
@@ -97,6 +99,9 @@ class ModelEngine:
     def kv_usage(self) -> float | None:
         return self.kv
 
+    def kv_capacity(self) -> int | None:
+        return self.capacity
+
     def summary_slot(self) -> contextlib.nullcontext[None]:
         return contextlib.nullcontext()  # one request at a time: no turns to wait for
 
@@ -104,47 +109,68 @@ class ModelEngine:
         return cosine_top_k(query, memories, k)
 
 
+def _steps(trajectory: dict, max_steps: int):
+    """(trajectory, index of the next action, history, kind) per request replayed."""
+    kind = trajectory_kind(trajectory)
+    for step, (index, history) in enumerate(agent_requests(trajectory["messages"])):
+        if max_steps and step >= max_steps:
+            return
+        yield trajectory, index, history, kind
+
+
 def simulate(policy_name: str, options: dict, trajectories: list[dict], args: argparse.Namespace, counter) -> dict:
-    engine = ModelEngine(counter, args.window, args.kv_usage)
+    engine = ModelEngine(counter, args.window, args.kv_usage, args.kv_capacity)
     policy = create_policy(options.get("policy", policy_name), {k: v for k, v in options.items() if k != "policy"})
     with tempfile.TemporaryDirectory() as tmp:
         context = PolicyContext(SqliteStore(Path(tmp) / "memory.sqlite3"), engine)
         votes = random.Random(args.seed)
         needed = available = chars_in = chars_out = compactions = refused = prefill = fallbacks = 0
-        for trajectory in trajectories:
-            kind, previous = trajectory_kind(trajectory), []
-            for step, (index, history) in enumerate(agent_requests(trajectory["messages"])):
-                if args.max_steps and step >= args.max_steps:
-                    break
-                vote = COMPRESS if votes.random() < args.vote_p else KEEP
-                out = asyncio.run(
-                    rewrite_request(
-                        history,
-                        f"{trajectory['id']}@{id(trajectory)}",
-                        policy,
-                        vote,
-                        context,
-                        prompt_tokens=counter.request(history),
+        steps = [_steps(t, args.max_steps) for t in trajectories]
+        now = [0.0]  # modelled seconds: each round of requests takes --round-s (kv_share's idle time)
+        schedule = getattr(policy, "_budget", None)  # PaMER's BudgetSchedule
+        if schedule is not None:
+            schedule.clock = lambda: now[0]
+        previous: dict[int, list[Message]] = {}
+        # --side-by-side sessions at a time, one request each in turn (as the server sees them)
+        for batch in range(0, len(steps), args.side_by_side):
+            running = list(range(batch, min(batch + args.side_by_side, len(steps))))
+            while running:
+                now[0] += args.round_s
+                for n in list(running):
+                    item = next(steps[n], None)
+                    if item is None:
+                        running.remove(n)
+                        continue
+                    trajectory, index, history, kind = item
+                    vote = COMPRESS if votes.random() < args.vote_p else KEEP
+                    out = asyncio.run(
+                        rewrite_request(
+                            history,
+                            f"{trajectory['id']}@{id(trajectory)}",
+                            policy,
+                            vote,
+                            context,
+                            prompt_tokens=counter.request(history),
+                        )
                     )
-                )
-                compactions += out.action == "compressed"
-                fallbacks += out.action.startswith("fallback:")  # a broken model engine shows here
-                sent = out.messages
-                values = needed_values(history, trajectory["messages"][index], kind)
-                needed += len(values)
-                chars_in += context_chars(history)
-                tokens = counter.request(sent)
-                if tokens >= args.window:
-                    refused, previous = refused + 1, []
-                    continue
-                common = 0
-                while common < min(len(previous), len(sent)) and previous[common] == sent[common]:
-                    common += 1
-                cached = counter.request(sent[:common]) if common else 0
-                prefill += tokens - (min(cached, tokens - 1) // args.block) * args.block
-                previous = sent
-                available += available_count(values, evidence_messages(sent, history, kind))
-                chars_out += context_chars(sent)
+                    compactions += out.action == "compressed"
+                    fallbacks += out.action.startswith("fallback:")  # a broken model engine shows here
+                    sent = out.messages
+                    values = needed_values(history, trajectory["messages"][index], kind)
+                    needed += len(values)
+                    chars_in += context_chars(history)
+                    tokens = counter.request(sent)
+                    if tokens >= args.window:
+                        refused, previous[n] = refused + 1, []
+                        continue
+                    last, common = previous.get(n, []), 0
+                    while common < min(len(last), len(sent)) and last[common] == sent[common]:
+                        common += 1
+                    cached = counter.request(sent[:common]) if common else 0
+                    prefill += tokens - (min(cached, tokens - 1) // args.block) * args.block
+                    previous[n] = sent
+                    available += available_count(values, evidence_messages(sent, history, kind))
+                    chars_out += context_chars(sent)
     share = chars_out / chars_in if chars_in else 0.0
     recency = recency_at(recency_frontier(trajectories, range(1, 40), args.max_steps or None), share)
     evidence = available / needed if needed else 0.0
@@ -176,10 +202,19 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=30, help="first N requests of each trajectory (0: all)")
     parser.add_argument("--policies", default="recent_k,pamer")
     parser.add_argument("--options", default="{}", help="JSON: per policy, options over benchmarks.policies' own")
+    parser.add_argument(
+        "--side-by-side", type=int, default=1, help="sessions at a time, one request each in turn (kv_share)"
+    )
+    parser.add_argument(
+        "--round-s", type=float, default=20.0, help="modelled seconds between a session's requests (kv_share)"
+    )
     parser.add_argument("--vote-p", type=float, default=0.8, help="chance the heads vote compress")
     parser.add_argument("--window", type=int, default=8192)
     parser.add_argument(
         "--kv-usage", type=float, default=None, help="KV-cache usage (0-1) every request sees (default: unknown)"
+    )
+    parser.add_argument(
+        "--kv-capacity", type=int, default=None, help="tokens the KV cache holds (kv_share; default: unknown)"
     )
     parser.add_argument("--block", type=int, default=128, help="KV block size (vLLM's CPU default)")
     parser.add_argument("--summary-tokens", type=int, default=96)

@@ -36,11 +36,12 @@ class FakeEngine:
         window: int | None = None,
         kv_usage: float | None = None,
         slots: int | None = None,
+        kv_capacity: int | None = None,
     ):
         self.summary_error, self.embed_error, self.summary_delay = summary_error, embed_error, summary_delay
         if window is not None:
             self.max_model_len = window
-        self.kv = kv_usage
+        self.kv, self.capacity = kv_usage, kv_capacity
         self.summaries = 0
         self.running = self.most_running = 0  # summaries in progress, and the most at once
         self._slots = asyncio.Semaphore(slots) if slots else contextlib.nullcontext()
@@ -49,6 +50,9 @@ class FakeEngine:
 
     def kv_usage(self):
         return self.kv
+
+    def kv_capacity(self):
+        return self.capacity
 
     def count_tokens(self, messages):
         return sum(len(str(m.get("content") or "")) + len(str(m.get("tool_calls") or "")) for m in messages) // 4

@@ -16,7 +16,7 @@ from vllm_pamer.core.pipeline import rewrite_request
 from vllm_pamer.core.policies import PolicyContext, create_policy
 from vllm_pamer.core.policies.summary import MEMORY_HEADER
 from vllm_pamer.core.record import RECORD_HEADER, relevance, step_record
-from vllm_pamer.core.schedule import archive_count, budget_for, kv_scale, trigger
+from vllm_pamer.core.schedule import archive_count, budget_for, kv_scale, kv_share_tokens, trigger
 from vllm_pamer.stores.sqlite import SqliteStore
 
 # conversation(n) is about 32 + 231 n tokens here; the budget below puts the band at 1,500-2,000
@@ -50,6 +50,7 @@ class Session:
 class Settings:
     context_budget, budget_share, band_share, target_share = 0, 0.75, 0.25, 0.5
     kv_pressure, kv_low, kv_high, kv_min_scale, vote_under_kv_pressure = True, 0.5, 0.9, 0.5, False
+    kv_share = 0.0
 
 
 def test_budget_band_and_target_follow_window_request_and_kv():
@@ -85,6 +86,22 @@ def test_under_kv_pressure_the_vote_waits_for_the_shrunk_budget():
     assert trigger(budget_for(Voting, 8192, None, 0.7), 4000, True, True) == "vote"
 
 
+def test_a_share_of_the_kv_cache_holds_the_budget_and_keeps_the_vote():
+    class Sharing(Settings):
+        kv_share = 0.8
+
+    assert kv_share_tokens(Settings, 10_000, 4) is None  # off
+    assert kv_share_tokens(Sharing, None, 4) is None  # capacity unknown
+    assert kv_share_tokens(Sharing, 10_000, 4) == 2000 and kv_share_tokens(Sharing, 10_000, 0) == 8000
+    held = budget_for(Sharing, 8192, None, None, 2000)
+    assert (held.budget, held.base, held.band_low, held.target) == (2000, 6144, 1500, 1000)
+    assert held.shared and held.under_kv_pressure and held.vote  # the share keeps it cached: the vote stays
+    assert trigger(held, 1600, True, True) == "vote" and trigger(held, 2000, True, False) == "kv_pressure"
+    scarce = budget_for(Sharing, 8192, None, 0.95, 2000)  # KV usage shrinks it to 3,072; the share to 2,000
+    assert scarce.budget == 2000 and scarce.shared
+    assert not budget_for(Sharing, 8192, None, None, 7000).shared  # a share above the budget changes nothing
+
+
 def test_archive_count_reaches_the_target_and_keeps_the_recent_blocks():
     assert archive_count([100] * 10, 200, 700, keep_recent=2) == 5  # 200 + 5 x 100 <= 700
     assert archive_count([100] * 10, 200, 0, keep_recent=2) == 8  # never the last 2
@@ -94,7 +111,7 @@ def test_archive_count_reaches_the_target_and_keeps_the_recent_blocks():
 
 def test_settings_are_checked():
     with pytest.raises(ValueError, match="target_share"):
-        create_policy("pamer", {"target_share": 0.8})  # inside the band
+        create_policy("pamer", {"target_share": 0.95})  # inside the band
     with pytest.raises(ValueError, match="schedule"):
         create_policy("pamer", {"schedule": "eager"})
 
@@ -134,6 +151,15 @@ def test_a_request_longer_than_the_window_compacts(store):
     assert out.action == "compressed" and out.schedule.trigger == "window"
 
 
+def test_a_request_fits_the_window_only_with_room_for_its_answer(store):
+    session = Session(store, FakeEngine(window=1700), context_budget=0)  # budget 1,530, band from 1,147
+    assert session.send(conversation(6), session="a").action == "none"  # ~1,420 tokens, inside the band
+    out = session.send(conversation(6), session="b", answer_tokens=400)  # 1,420 + 400 > 1,700
+    assert out.action == "compressed" and out.schedule.trigger == "window"
+    huge = session.send(conversation(2), session="c", answer_tokens=10**6)  # counted as a quarter of the window
+    assert huge.action == "none"
+
+
 def test_kv_pressure_compacts_earlier(store):
     roomy = Session(store, FakeEngine(window=8192, kv_usage=0.2)).send(conversation(5), session="roomy")
     scarce = Session(store, FakeEngine(window=8192, kv_usage=0.95)).send(conversation(5), session="scarce")
@@ -151,6 +177,28 @@ def test_under_kv_pressure_the_summary_resends_only_the_archived_steps(store):
     asked = FakeEngine(window=8192, kv_usage=0.95)
     Session(store, asked, kv_pressure_summary_layout="conversation").send(conversation(5), session="asked")
     assert asked.conversation_summaries == 1
+
+
+def test_sessions_share_the_kv_cache_while_they_are_active(store):
+    import time
+
+    engine = FakeEngine(window=8192, kv_capacity=4000)
+    session = Session(store, engine, context_budget=0, kv_share=0.8, kv_share_idle_s=0.5)
+    alone = session.send(conversation(2), session="a")
+    assert alone.schedule.budget == 3200 and alone.schedule.kv_share == 3200  # 0.8 x 4,000, below the default 7,372
+    both = session.send(conversation(2), session="b")
+    assert both.schedule.budget == 1600 and both.schedule.kv_share == 1600  # two sessions share it
+    time.sleep(0.6)  # a idle past kv_share_idle_s: b has the share alone again
+    assert session.send(conversation(3), session="b").schedule.budget == 3200
+    off = Session(store, engine, context_budget=0).send(conversation(2), session="c")
+    assert off.schedule.budget == 7372 and off.schedule.kv_share is None  # kv_share is off by default
+
+
+def test_a_budget_held_to_the_kv_share_summarizes_from_the_cached_conversation(store):
+    engine = FakeEngine(window=8192, kv_usage=0.95, kv_capacity=1000)
+    out = Session(store, engine, kv_share=0.8).send(conversation(9), vote=COMPRESS)
+    assert out.action == "compressed" and out.schedule.kv_share == 800  # below the 1,000 KV usage leaves
+    assert engine.conversation_summaries == 1  # not the text layout of a KV-pressure budget
 
 
 def test_a_request_sets_its_own_budget(store):

@@ -6,24 +6,45 @@ from __future__ import annotations
 
 import argparse
 
+import pytest
+
 from benchmarks.policies import policy_options
 from benchmarks.schedule_sim import ModelEngine, simulate
 from vllm_pamer.core.engine import EngineServices
 from vllm_pamer.trajectories import load_trajectories
 
 
-def test_the_model_engine_keeps_the_engine_contract_and_pamer_compacts(tokenizer_dir):
+@pytest.fixture(scope="module")
+def counter(tokenizer_dir):
     from transformers import AutoTokenizer
 
     from vllm_pamer.core.render import render_tools_as_text
     from vllm_pamer.core.tokens import TokenCounter
 
-    counter = TokenCounter(AutoTokenizer.from_pretrained(str(tokenizer_dir)), render_tools_as_text)
+    return TokenCounter(AutoTokenizer.from_pretrained(str(tokenizer_dir)), render_tools_as_text)
+
+
+def sim_args(**over) -> argparse.Namespace:
+    """The model's command-line defaults, with ``over``."""
+    defaults = {"max_steps": 30, "vote_p": 0.8, "seed": 0, "window": 8192, "block": 128, "kv_usage": None}
+    return argparse.Namespace(**{**defaults, "kv_capacity": None, "side_by_side": 1, "round_s": 20.0, **over})
+
+
+def test_the_model_engine_keeps_the_engine_contract_and_pamer_compacts(counter):
     contract = {name for name in dir(EngineServices) if not name.startswith("_")} | {"embedder_name", "max_model_len"}
     engine = ModelEngine(counter, 8192)
     assert {name for name in contract if not hasattr(engine, name)} == set()
-    args = argparse.Namespace(max_steps=30, vote_p=0.8, seed=0, window=8192, block=128, kv_usage=None)
     trajectories = load_trajectories(kind="swe")[:1]
     options = {**policy_options(96)["pamer_tight"], "context_budget": 3000}
-    out = simulate("pamer_tight", options, trajectories, args, counter)
+    out = simulate("pamer_tight", options, trajectories, sim_args(), counter)
     assert out["fallbacks"] == 0 and out["compactions"] > 0 and out["refused"] == 0
+
+
+def test_sessions_side_by_side_share_the_modelled_kv_cache(counter):
+    trajectories = load_trajectories(kind="swe")[:2]
+    options = {**policy_options(96)["pamer"], "kv_share": 0.8}
+    runs = {}
+    for capacity in (None, 8000):  # unknown: the default budget; 8,000: 3,200 tokens a session
+        args = sim_args(max_steps=12, kv_capacity=capacity, side_by_side=2)
+        runs[capacity] = simulate("pamer", options, trajectories, args, counter)
+    assert runs[8000]["fallbacks"] == 0 and runs[8000]["compactions"] > runs[None]["compactions"]

@@ -69,6 +69,10 @@ class EngineServices(Protocol):
         """The engine's KV-cache usage (0-1) as it last reported it; None: unknown."""
         ...
 
+    def kv_capacity(self) -> int | None:
+        """Tokens the engine's KV cache holds (all engines together); None: unknown."""
+        ...
+
     def top_k(self, session: str, query: np.ndarray, memories: Sequence[Memory], k: int) -> list[Memory]:
         """The ``k`` memories of ``session`` (among ``memories``) closest to
         ``query`` by cosine, best first."""

@@ -49,6 +49,7 @@ async def rewrite_request(
     tools: list[Tool] | None = None,
     prompt_tokens: int | None = None,
     context_budget: int | None = None,
+    answer_tokens: int | None = None,
 ) -> RewriteOutcome:
     if not session_id:
         return _fallback(messages, "missing_session_id")
@@ -65,6 +66,7 @@ async def rewrite_request(
         tools,
         prompt_tokens,
         context_budget,
+        answer_tokens,
     )
     try:
         decision: PolicyDecision = await policy.rewrite(request)

@@ -17,7 +17,10 @@ rarely and remove much. The schedule has a context *budget* in tokens and a
 The budget can follow the engine's KV pressure: with roomy KV it stays as
 configured (compact late: cheap prefill); as the KV cache fills it shrinks
 towards ``kv_min_scale`` of itself (compact earlier: a smaller footprint).
-While it is shrunk the vote does not compact (unless ``vote_under_kv_pressure``):
+It can also be held to a share of the KV cache's capacity per active session
+(``kv_share``), so that the sessions' contexts fit the cache together and each
+stays in the prefix cache from one request to the next.
+While KV usage has shrunk it the vote does not compact (unless ``vote_under_kv_pressure``):
 the shrunk band lies where the sessions already are, and a compaction there
 recomputes what the scarce cache could not keep, so only the shrunk budget's
 top does (``benchmarks/RESULTS.md``, "The budget schedule under a KV budget
@@ -66,6 +69,9 @@ class ScheduleSettings(Protocol):
     @property
     def vote_under_kv_pressure(self) -> bool: ...
 
+    @property
+    def kv_share(self) -> float: ...
+
 
 def check_schedule(cfg: ScheduleSettings) -> None:
     """Raise ValueError for settings the schedule cannot follow."""
@@ -77,6 +83,8 @@ def check_schedule(cfg: ScheduleSettings) -> None:
         raise ValueError("target_share must lie below the band (target_share < 1 - band_share)")
     if not 0 <= cfg.kv_low < cfg.kv_high <= 1 or not 0 < cfg.kv_min_scale <= 1:
         raise ValueError("need 0 <= kv_low < kv_high <= 1 and 0 < kv_min_scale <= 1")
+    if not 0 <= cfg.kv_share <= 1:
+        raise ValueError("kv_share must be in [0, 1] (0: off)")
 
 
 class Budget(msgspec.Struct, frozen=True):
@@ -92,6 +100,9 @@ class Budget(msgspec.Struct, frozen=True):
     """What a compaction brings the request down to."""
     vote: bool = True
     """Whether the heads' vote may compact inside the band."""
+    shared: bool = False
+    """The session's share of the KV cache (``kv_share``) bounds the budget:
+    the sessions' contexts are sized to stay in the prefix cache together."""
 
     @property
     def under_kv_pressure(self) -> bool:
@@ -107,17 +118,34 @@ def kv_scale(cfg: ScheduleSettings, kv_usage: float | None) -> float:
     return 1.0 - (1.0 - cfg.kv_min_scale) * pressure
 
 
-def budget_for(cfg: ScheduleSettings, window: int, requested: int | None, kv_usage: float | None) -> Budget:
+def kv_share_tokens(cfg: ScheduleSettings, kv_capacity: int | None, sessions: int) -> int | None:
+    """A session's share of the KV cache: ``kv_share`` of its capacity (tokens)
+    over the ``sessions`` sharing it; None when off or the capacity is unknown."""
+    if not cfg.kv_share or not kv_capacity:
+        return None
+    return max(1, int(cfg.kv_share * kv_capacity / max(1, sessions)))
+
+
+def budget_for(
+    cfg: ScheduleSettings, window: int, requested: int | None, kv_usage: float | None, share: int | None = None
+) -> Budget:
     """The budget of a request: the request's own, else the configured one,
-    else a share of the window; never beyond the window; shrunk by KV pressure."""
+    else a share of the window; never beyond the window; shrunk by KV pressure
+    and held to the session's ``share`` of the KV cache (``kv_share_tokens``)."""
     base = requested or cfg.context_budget or int(cfg.budget_share * window)
     if window:
         base = min(base, window)
     if base <= 0:  # no budget and no window known: nothing ever compacts
         base = NO_BUDGET
     budget = max(1, int(base * kv_scale(cfg, kv_usage)))
-    vote = budget == base or cfg.vote_under_kv_pressure
-    return Budget(budget, base, int(budget * (1 - cfg.band_share)), int(budget * cfg.target_share), vote)
+    shared = False
+    if share is not None and share < budget:
+        budget, shared = share, True
+    # a band that KV usage moved down lies where the sessions already are; one held to
+    # the session's share stays cached, so the vote may pick the moment there
+    vote = budget == base or shared or cfg.vote_under_kv_pressure
+    band_low, target = int(budget * (1 - cfg.band_share)), int(budget * cfg.target_share)
+    return Budget(budget, base, band_low, target, vote, shared)
 
 
 def trigger(budget: Budget, sent_tokens: int, fits_window: bool, compress_vote: bool | None) -> Trigger | None:
@@ -164,3 +192,5 @@ class ScheduleReport(msgspec.Struct, frozen=True):
     request's compaction recomputes."""
     kv_usage: float | None = None
     """The engine's KV-cache usage (0-1) the budget followed."""
+    kv_share: int | None = None
+    """The session's share of the KV cache (tokens) when it held the budget (``kv_share``)."""

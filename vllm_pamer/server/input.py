@@ -62,6 +62,8 @@ class ChatInput:
     """The client's own ``vllm_xargs``."""
     context_budget: int | None = None
     """The request's own context budget (``X-Pamer-Context-Budget``)."""
+    answer_tokens: int | None = None
+    """The answer's length the request asks for (``max_completion_tokens``, else ``max_tokens``)."""
     exclude_tools: bool = False
     """The server runs with ``--exclude-tools-when-tool-choice-none``."""
     own_tools: list[dict] = field(default_factory=list)
@@ -153,6 +155,7 @@ async def read_chat(body: dict[str, Any], raw_request: Request, state: ServerSta
         prompt_tokens_in,
         xargs=dict(xargs),
         context_budget=context_budget,
+        answer_tokens=received.max_completion_tokens or received.max_tokens,
         exclude_tools=exclude_tools,
         session_name=session_name,
     )

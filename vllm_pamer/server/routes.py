@@ -75,6 +75,7 @@ async def _serve_chat(body: dict[str, Any], raw_request: Request) -> Response:
         chat.tools_in,
         chat.prompt_tokens_in,
         chat.context_budget,
+        chat.answer_tokens,
     )
     report = PamerReport(
         session_id=chat.session_name,

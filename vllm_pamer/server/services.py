@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from vllm_pamer.adapters.serving import internal_sampling_params, kv_cache_usage
+from vllm_pamer.adapters.serving import internal_sampling_params, kv_cache_usage, kv_capacity_tokens
 from vllm_pamer.channel import CAPTURE_KEY, SESSION_KEY, CaptureInbox
 from vllm_pamer.core.blocks import Message
 from vllm_pamer.core.policies.summary import summary_prompt
@@ -133,6 +133,9 @@ class VllmEngineServices:
         if now - self._kv[0] > 1.0:
             self._kv = (now, kv_cache_usage())
         return self._kv[1]
+
+    def kv_capacity(self) -> int | None:
+        return kv_capacity_tokens(self.engine_client)
 
     def top_k(self, session: str, query: np.ndarray, memories: Sequence[Memory], k: int) -> list[Memory]:
         return self.index.top_k(session, query, memories, k)

@@ -65,6 +65,15 @@ def kv_cache_usage() -> float | None:
     return max(values) if values else None
 
 
+def kv_capacity_tokens(engine_client: Any) -> int | None:
+    """Tokens the KV cache holds, all engines together: the engine client
+    copies the engines' block counts into its own config at start-up
+    (``v1/engine/core_client.py``, summed over data-parallel engines)."""
+    cache = getattr(getattr(engine_client, "vllm_config", None), "cache_config", None)
+    blocks, size = getattr(cache, "num_gpu_blocks", None), getattr(cache, "block_size", None)
+    return blocks * size if blocks and size else None
+
+
 def api_keys(args: Any) -> list[str]:
     """The API keys vLLM's own routes accept: ``--api-key`` (any number of
     them), else ``VLLM_API_KEY``, as ``entrypoints/serve/middleware/register.py``

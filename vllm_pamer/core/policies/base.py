@@ -61,6 +61,10 @@ class PolicyRequest(msgspec.Struct, frozen=True):
     unknown. Any subset of its messages counts no more."""
     context_budget: int | None = None
     """The request's own context budget in tokens (``X-Pamer-Context-Budget``); None: the policy's."""
+    answer_tokens: int | None = None
+    """The answer's length the request asks for (``max_completion_tokens`` or
+    ``max_tokens``; None: not set): vLLM cuts an answer at the window, so a
+    request fits only with room for it."""
 
 
 class PolicyDecision(msgspec.Struct, frozen=True):

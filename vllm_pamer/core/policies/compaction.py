@@ -23,12 +23,13 @@ Any failure sends the original request; nothing is removed before it is stored.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import msgspec
 import numpy as np
-from cachetools import LRUCache
+from cachetools import LRUCache, TTLCache
 
 from vllm_pamer.core.blocks import Block, Message
 from vllm_pamer.core.engine import EngineServices
@@ -43,6 +44,7 @@ from vllm_pamer.core.schedule import (
     Trigger,
     archive_count,
     budget_for,
+    kv_share_tokens,
     trigger,
 )
 from vllm_pamer.core.store import Memory, MemoryStore
@@ -71,6 +73,9 @@ class CompactionSettings(ScheduleSettings, Protocol):
 
     @property
     def kv_pressure_summary_layout(self) -> str: ...
+
+    @property
+    def kv_share_idle_s(self) -> float: ...
 
 
 class CompactionHost(Protocol):
@@ -106,6 +111,17 @@ def summary_part(memory: Memory) -> str:
     return memory.summary.split("\n\n" + RECORD_HEADER, 1)[0]
 
 
+ANSWER_SHARE = 0.25
+"""The most of the window a request's own answer length reserves in the
+window check; a longer one (beyond what the window could ever give) does not
+force a compaction on every request."""
+
+
+def answer_room(request: PolicyRequest, services: EngineServices) -> int:
+    """Tokens the request's answer needs beside its prompt."""
+    return min(request.answer_tokens or 0, int(ANSWER_SHARE * services.max_model_len))
+
+
 class _Offset(msgspec.Struct, frozen=True):
     """sent tokens = the request's tokens as received - ``tokens``, while the
     covered blocks and the memories shown are these."""
@@ -130,8 +146,14 @@ class _Plan(msgspec.Struct, frozen=True):
 
 
 class BudgetSchedule:
-    def __init__(self, host: CompactionHost) -> None:
+    def __init__(self, host: CompactionHost, clock: Callable[[], float] = time.monotonic) -> None:
         self.host = host
+        self.clock = clock
+        """Seconds, for the sessions' activity (a model of the server sets its own)."""
+        # sessions with a request in the last kv_share_idle_s: those sharing the KV cache
+        self._active: TTLCache[str, bool] = TTLCache(
+            MAX_TRACKED_SESSIONS, host.config.kv_share_idle_s, timer=lambda: self.clock()
+        )
         self._shown: LRUCache[str, tuple[int, ...]] = LRUCache(MAX_TRACKED_SESSIONS)
         self._offset: LRUCache[str, _Offset] = LRUCache(MAX_TRACKED_SESSIONS)
         self._tokens: LRUCache[str, int] = LRUCache(10 * MAX_TRACKED_SESSIONS)  # by block id / text
@@ -208,7 +230,9 @@ class BudgetSchedule:
         if view.covered:
             notes.append(f"{view.covered} blocks already in memory")
         kv = services.kv_usage()
-        budget = budget_for(cfg, services.max_model_len, request.context_budget, kv)
+        self._active[session] = True
+        share = kv_share_tokens(cfg, services.kv_capacity() if cfg.kv_share else None, len(self._active))
+        budget = budget_for(cfg, services.max_model_len, request.context_budget, kv, share)
         # Memories of another embedder still cover their blocks but are not shown.
         searchable = [m for m in memories if m.embedder == services.embedder_name]
         memory_chars = int(cfg.memory_share * budget.budget * CHARS_PER_TOKEN)
@@ -218,7 +242,7 @@ class BudgetSchedule:
         inserted = [shown_message(shown)] if shown else []
         sent = list(view.prefix) + inserted + flatten(view.live)
         sent_tokens = self._sent_tokens(request, view, shown_ids, sent, services)
-        fits = not services.max_model_len or sent_tokens < services.max_model_len
+        fits = not services.max_model_len or sent_tokens + answer_room(request, services) < services.max_model_len
         vote = request.previous_vote
         why = trigger(budget, sent_tokens, fits, vote.compress_vote if vote is not None else None)
         plan = self._plan(view, budget, services) if why is not None else None
@@ -227,7 +251,14 @@ class BudgetSchedule:
             # recompute the cache for little; only the window forces one
             notes.append(f"{why}: too little old history for a large step, no compaction")
             why = None
-        report = ScheduleReport(budget.budget, budget.band_low, budget.target, sent_tokens, kv_usage=kv)
+        report = ScheduleReport(
+            budget.budget,
+            budget.band_low,
+            budget.target,
+            sent_tokens,
+            kv_usage=kv,
+            kv_share=budget.budget if budget.shared else None,
+        )
         if why is None and vote is None and sent_tokens >= budget.band_low:
             notes.append("no vote captured (probe failure): no compaction inside the band")
             await store.log_event(session, "probe_missing", {"sent_tokens": sent_tokens})
@@ -298,8 +329,10 @@ class BudgetSchedule:
         await store.log_event(
             session, "compression_started", {"blocks": len(archived), "sent_tokens": report.sent_tokens, "trigger": why}
         )
-        # under KV pressure the conversation is seldom still cached: the text layout prefills less
-        resend = None if budget.under_kv_pressure and cfg.kv_pressure_summary_layout == "text" else prefix
+        # under KV pressure the conversation is seldom still cached: the text layout prefills
+        # less; a budget held to the session's KV share keeps it cached
+        scarce = budget.under_kv_pressure and not budget.shared
+        resend = None if scarce and cfg.kv_pressure_summary_layout == "text" else prefix
         try:
             summary, embedding = await self.host.summarize_and_embed(archived, services, resend, shown)
         except StepFailure as failure:

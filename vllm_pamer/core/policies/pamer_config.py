@@ -21,9 +21,10 @@ class PamerConfig(SummaryConfig, frozen=True):
     """``budget``: tokens a session's request may reach before it must compact;
     0: ``budget_share`` of the served window. A request may set its own with
     the ``X-Pamer-Context-Budget`` header (or ``pamer_context_budget``)."""
-    budget_share: float = 0.75
-    """``budget``: the default budget as a share of the served window."""
-    band_share: float = 0.2
+    budget_share: float = 0.9
+    """``budget``: the default budget as a share of the served window: late
+    (compactions are rare, prefill cheap), with room left for the answer."""
+    band_share: float = 0.1
     """``budget``: the band is the top ``band_share`` of the budget; there the vote decides."""
     target_share: float = 0.4
     """``budget``: a compaction archives old blocks until the request is at
@@ -40,10 +41,19 @@ class PamerConfig(SummaryConfig, frozen=True):
     """``budget``: let the heads' vote compact inside the band while KV pressure
     has shrunk the budget. Off: then only the shrunk budget's top (or the
     window) compacts, since the shrunk band lies where the sessions already are."""
+    kv_share: float = 0.0
+    """``budget``: hold each session's budget to this share of the engine's KV
+    cache (tokens) divided by the sessions with a request in the last
+    ``kv_share_idle_s``, so their contexts fit the cache together and each is
+    served from the prefix cache between its compactions; its summaries then
+    resend the conversation, which stays cached. 0: off (beyond the paper;
+    ``benchmarks/RESULTS.md``, "A budget from the KV cache's capacity")."""
+    kv_share_idle_s: float = 60.0
+    """``budget``: a session with no request for this long no longer shares the KV cache."""
     kv_pressure_summary_layout: str = "text"
-    """``budget``: the summary layout while KV pressure has shrunk the budget.
-    ``text`` prefills only the archived steps: a scarce cache seldom still holds
-    the conversation that ``conversation`` resends."""
+    """``budget``: the summary layout while KV pressure (not ``kv_share``) has
+    shrunk the budget. ``text`` prefills only the archived steps: a scarce
+    cache seldom still holds the conversation that ``conversation`` resends."""
     record_share: float = 0.15
     """``budget``: the verbatim record of the steps a compaction archives
     (``core/record.py``) has this share of the budget; a compaction archives
@@ -108,5 +118,7 @@ class PamerConfig(SummaryConfig, frozen=True):
         if self.schedule not in ("budget", "paper"):
             raise ValueError(f"schedule must be 'budget' or 'paper', not {self.schedule!r}")
         check_schedule(self)
+        if self.kv_share_idle_s <= 0:
+            raise ValueError("kv_share_idle_s must be > 0")
         if not 0 < self.record_share < 1 or not 0 < self.memory_share < 1:
             raise ValueError("record_share and memory_share must be in (0, 1)")
