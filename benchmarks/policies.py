@@ -46,6 +46,8 @@ from vllm_pamer.replay.sittings import (
     kv_budget,
     make_groups,
     note_kv_budget,
+    note_rerun,
+    reruns,
     run_command,
     run_units,
     write_finished_report,
@@ -180,7 +182,8 @@ def report(out: Path, groups, policies: list[str], commits: list[str], args: arg
             f"{args.max_steps or 'all'} / {args.swe_max_steps or args.max_steps or 'all'} requests each), "
             f"{args.concurrency} sessions at a time, {args.max_tokens} tokens generated per request, "
             f"summaries / cues / recalls <= {args.summary_tokens} tokens, KV cache of {kv_budget(out)} tokens. "
-            f"Code: {', '.join(commits)}. Command: `{run_command('benchmarks.policies', sys.argv[1:], ROOT)}`\n"
+            f"Code: {', '.join(commits)}.{reruns(out)} "
+            f"Command: `{run_command('benchmarks.policies', sys.argv[1:], ROOT)}`\n"
         )
 
     # the replayed trajectories, for the over-recency column (absent data: the column stays empty)
@@ -231,6 +234,13 @@ def main() -> None:
         default=None,
         help="start no new (group, policy) run after this many minutes; run again to resume",
     )
+    parser.add_argument(
+        "--rerun",
+        default="",
+        metavar="POLICIES",
+        help="drop the saved units of these policies (comma-separated; their code changed) and run them "
+        "again, first; settings.json records it",
+    )
     parser.add_argument("--report-only", action="store_true", help="write the report from the saved units and exit")
     parser.add_argument(
         "--against",
@@ -263,11 +273,17 @@ def main() -> None:
             server.wait_ready(timeout=900)
             note_kv_budget(out, Path(log).read_text(errors="replace"))  # refuses another budget than the run's
             commits = check_settings(out, run_settings, git_commit(ROOT))  # this sitting's code joins the run
+            store = UnitStore(out)
+            if args.rerun:
+                again = [p for p in args.rerun.split(",") if p]
+                dropped = store.drop(again)
+                note_rerun(out, again, git_commit(ROOT), dropped)
+                print(f"dropped {dropped} saved units of {', '.join(again)}: they run again")
             settings = ReplaySettings(
                 url=server.base_url, max_tokens=args.max_tokens, concurrency=args.concurrency, reset_prefix_cache=True
             )
             stop = args.stop_after_min * 60 if args.stop_after_min is not None else None
-            ran = asyncio.run(run_units(settings, groups, policies, UnitStore(out), stop))
+            ran = asyncio.run(run_units(settings, groups, policies, store, stop))
         finally:
             server.stop()
         print(f"{ran} (group, policy) runs this time; server log {log}")

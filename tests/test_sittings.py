@@ -35,7 +35,9 @@ def test_groups_interleave_kinds_so_any_prefix_holds_both():
 def test_run_command_drops_the_sittings_flags(tmp_path):
     out = str(tmp_path / "benchmarks" / "results" / "x")
     command = sittings.run_command(
-        "benchmarks.policies", ["--tau", "0", "--stop-after-min", "90", "--report-only", "--out", out], tmp_path
+        "benchmarks.policies",
+        ["--tau", "0", "--stop-after-min", "90", "--rerun", "pamer", "--report-only", "--out", out],
+        tmp_path,
     )
     assert command == ".venv/bin/python -m benchmarks.policies --tau 0 --out benchmarks/results/x"
 
@@ -120,6 +122,23 @@ def test_units_round_trip_and_the_report_covers_finished_groups_only(tmp_path, c
     ]
     assert "## tau-bench" in text and "## mini-swe" in text
     assert not (tmp_path / "records.jsonl").exists()  # the units are the records
+
+
+def test_a_rerun_drops_the_units_of_changed_policies_and_says_so(tmp_path):
+    sittings.check_settings(tmp_path, {"tau": 0}, "abc1234")
+    store = UnitStore(tmp_path)
+    for name in ("none", "pamer", "pamer_tight"):
+        for group in ("tau-000", "tau-001"):
+            store.add(unit(name, group, "tau0", "tau"))
+    assert store.drop(["pamer", "pamer_tight"]) == 4
+    sittings.note_rerun(tmp_path, ["pamer", "pamer_tight"], "def5678", 4)
+    again = UnitStore(tmp_path)  # read back from the rewritten file
+    assert again.complete(["tau-000", "tau-001"], ["none"]) == ["tau-000", "tau-001"]
+    assert not again.has("tau-000", "pamer") and not again.has("tau-001", "pamer_tight")
+    assert sittings.check_settings(tmp_path, {"tau": 0}, "def5678") == ["abc1234", "def5678"]  # a resume keeps it
+    saved = json.loads((tmp_path / "settings.json").read_text())
+    assert saved["reruns"] == [{"policies": ["pamer", "pamer_tight"], "commit": "def5678", "units_dropped": 4}]
+    assert sittings.reruns(tmp_path) == " pamer, pamer_tight run again from def5678 (4 units dropped)."
 
 
 def test_against_another_run_compares_the_groups_both_finished(tmp_path):

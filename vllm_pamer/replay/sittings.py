@@ -28,6 +28,8 @@ from vllm_pamer.replay.records import RunSummary, StepRecord
 from vllm_pamer.replay.report import KIND_TITLES, PolicyRow, fmt, markdown_table, summarize, write_report
 
 UNITS_FILE = "units.jsonl.gz"
+SITTING_FLAGS = ("--stop-after-min", "--rerun")
+"""Flags with a value that concern one sitting, not the run."""
 KV_TOKENS_RE = re.compile(r"KV cache size: ([\d,]+) tokens")
 
 
@@ -75,6 +77,7 @@ def check_settings(out: Path, settings: dict, commit: str, running: bool = True)
         saved = json.loads(path.read_text())
         commits = saved.pop("commits", [])
         kv_tokens = saved.pop("kv_cache_tokens", None)  # what the server reported, not an option
+        reruns = saved.pop("reruns", [])
         # an option added since the run began reads as unset (None) in it
         changed = sorted(k for k in {*saved, *settings} if saved.get(k) != settings.get(k))
         if changed:
@@ -83,13 +86,33 @@ def check_settings(out: Path, settings: dict, commit: str, running: bool = True)
                 "pass the same options to resume it, or another --out"
             )
     else:
-        commits, kv_tokens = [], None
+        commits, kv_tokens, reruns = [], None, []
     if running and commit not in commits:
         commits.append(commit)
     out.mkdir(parents=True, exist_ok=True)
-    extra = {"kv_cache_tokens": kv_tokens} if kv_tokens is not None else {}
+    extra: dict[str, Any] = {"kv_cache_tokens": kv_tokens} if kv_tokens is not None else {}
+    if reruns:
+        extra["reruns"] = reruns
     path.write_text(json.dumps({**settings, "commits": commits, **extra}, indent=2) + "\n")
     return commits
+
+
+def note_rerun(out: Path, policies: Sequence[str], commit: str, dropped: int) -> None:
+    """Record in settings.json that ``policies``' saved units were dropped to run
+    again at ``commit`` (their code changed), so the report's code list says why."""
+    path = out / "settings.json"
+    saved = json.loads(path.read_text())
+    saved.setdefault("reruns", []).append({"policies": list(policies), "commit": commit, "units_dropped": dropped})
+    path.write_text(json.dumps(saved, indent=2) + "\n")
+
+
+def reruns(out: Path) -> str:
+    """The run's reruns for a report (empty when none)."""
+    path = out / "settings.json"
+    noted = json.loads(path.read_text()).get("reruns", []) if path.exists() else []
+    return "".join(
+        f" {', '.join(r['policies'])} run again from {r['commit']} ({r['units_dropped']} units dropped)." for r in noted
+    )
 
 
 def note_kv_budget(out: Path, log_text: str) -> int | None:
@@ -152,6 +175,18 @@ class UnitStore:
                 with self.path.open("r+b") as handle:
                     handle.truncate(good)
 
+    def drop(self, policies: Sequence[str]) -> int:
+        """Remove these policies' units (they run again); returns how many went."""
+        gone = [key for key in self._units if key[1] in policies]
+        for key in gone:
+            del self._units[key]
+        if gone:
+            kept = b"".join(gzip.compress(msgspec.json.encode(u) + b"\n") for u in self._units.values())
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_bytes(kept)
+            os.replace(tmp, self.path)  # a killed sitting leaves the old file or the new one
+        return len(gone)
+
     def has(self, group: str, policy: str) -> bool:
         return (group, policy) in self._units
 
@@ -199,16 +234,16 @@ async def run_units(
 
 def run_command(script: str, argv: list[str], root: Path) -> str:
     """The command that (re)produces the run: without the sitting's own flags
-    (``--stop-after-min``, ``--report-only``), paths relative to ``root``."""
+    (``--stop-after-min``, ``--rerun``, ``--report-only``), paths relative to ``root``."""
     words, skip = [], False
     for word in argv:
         if skip:
             skip = False
             continue
-        if word == "--stop-after-min":
+        if word in SITTING_FLAGS:
             skip = True
             continue
-        if word == "--report-only" or word.startswith("--stop-after-min="):
+        if word == "--report-only" or word.startswith(tuple(f"{flag}=" for flag in SITTING_FLAGS)):
             continue
         path = Path(word)
         if path.is_absolute() and path.is_relative_to(root):
