@@ -106,6 +106,8 @@ def policy_options(summary_tokens: int) -> dict[str, dict]:
         # the budget held to each session's share of the KV cache (kv_share), so that the sessions'
         # contexts stay in the prefix cache together under a KV budget that binds
         "pamer_kv_share": {"policy": "pamer", "summary_max_tokens": n, "kv_share": 0.8},
+        # and no engine request at a compaction under KV pressure: the memory is the record alone
+        "pamer_kv_record": {"policy": "pamer", "summary_max_tokens": n, "kv_share": 0.8, "kv_pressure_summary": False},
         "pamer_paper": paper,  # the paper's schedule (Algorithm 1), what `pamer` was before the budget schedule
         "pamer_plus": {"summary_max_tokens": n, "recall_max_tokens": n},
         "periodic_summary": {"summary_max_tokens": n},

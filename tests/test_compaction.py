@@ -201,6 +201,33 @@ def test_a_budget_held_to_the_kv_share_summarizes_from_the_cached_conversation(s
     assert engine.conversation_summaries == 1  # not the text layout of a KV-pressure budget
 
 
+def test_under_kv_pressure_a_memory_can_be_the_record_alone_at_no_engine_request(store):
+    import numpy as np
+
+    from vllm_pamer.core.recall import SERVED_STATE_EMBEDDER
+
+    class ServedState(FakeEngine):
+        embedder_name = SERVED_STATE_EMBEDDER
+        embedded = 0
+
+        async def embed(self, text):
+            self.embedded += 1
+            return await super().embed(text)
+
+    engine = ServedState(window=8192, kv_usage=0.95)
+    state = np.linspace(-1, 1, 64, dtype=np.float32)
+    session = Session(store, engine, kv_pressure_summary=False)
+    out = session.send(conversation(5), previous_state=state)
+    assert out.action == "compressed" and out.schedule.trigger == "kv_pressure"
+    assert engine.summaries == engine.conversation_summaries == engine.embedded == 0  # nothing asked of the engine
+    [memory] = blocking(store).load("s1").memories
+    assert memory.summary.startswith(RECORD_HEADER) and '"k": "ID0"' in memory.summary  # the exact call
+    assert np.array_equal(memory.embedding, state)  # the captured state stands in for an embedding
+    roomy = FakeEngine(window=8192, kv_usage=0.2)  # no pressure: the summary as always
+    assert Session(store, roomy, kv_pressure_summary=False).send(conversation(9), session="r").action == "compressed"
+    assert roomy.summaries == 1
+
+
 def test_a_request_sets_its_own_budget(store):
     session = Session(store)
     assert session.send(conversation(5), context_budget=1000).schedule.trigger == "top_of_band"

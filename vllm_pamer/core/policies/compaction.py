@@ -77,6 +77,9 @@ class CompactionSettings(ScheduleSettings, Protocol):
     @property
     def kv_share_idle_s(self) -> float: ...
 
+    @property
+    def kv_pressure_summary(self) -> bool: ...
+
 
 class CompactionHost(Protocol):
     """What the schedule needs of the policy that owns it (``Pamer``)."""
@@ -91,6 +94,10 @@ class CompactionHost(Protocol):
         prefix: Sequence[Message] | None = None,
         shown: Sequence[Memory] = (),
     ) -> tuple[str, np.ndarray]: ...
+
+    async def embed_memory(
+        self, text: str, services: EngineServices, state: np.ndarray | None = None
+    ) -> np.ndarray: ...
 
     def captured_query(
         self, request: PolicyRequest, services: EngineServices, memories: list[Memory]
@@ -107,8 +114,8 @@ def shown_message(memories: Sequence[Memory]) -> Message:
 
 
 def summary_part(memory: Memory) -> str:
-    """A memory's text without its verbatim record."""
-    return memory.summary.split("\n\n" + RECORD_HEADER, 1)[0]
+    """A memory's text without its verbatim record (empty for a record alone)."""
+    return "" if memory.summary.startswith(RECORD_HEADER) else memory.summary.split("\n\n" + RECORD_HEADER, 1)[0]
 
 
 ANSWER_SHARE = 0.25
@@ -214,7 +221,7 @@ class BudgetSchedule:
             if len(chosen) == self.host.config.top_k:
                 break
             chars = len(summary_part(memory))
-            if used + chars <= budget_chars:
+            if chars and used + chars <= budget_chars:  # a record alone shows nothing once older
                 chosen.append(memory)
                 used += chars
         return sorted(chosen, key=lambda m: m.id)
@@ -333,16 +340,20 @@ class BudgetSchedule:
         # less; a budget held to the session's KV share keeps it cached
         scarce = budget.under_kv_pressure and not budget.shared
         resend = None if scarce and cfg.kv_pressure_summary_layout == "text" else prefix
-        try:
-            summary, embedding = await self.host.summarize_and_embed(archived, services, resend, shown)
-        except StepFailure as failure:
-            await store.log_event(session, failure.rule, {"error": failure.detail})
-            return PolicyDecision(original, f"fallback:{failure.rule}", failure.detail, schedule=report)
         chars = sum(len(str(m.get("content") or "")) for m in flatten(archived))
         chars_per_token = max(2.0, chars / max(1, sum(block_tokens[:count])))  # this conversation's own
         earlier = await self._archived_blocks(store, session, searchable)
         record = step_record(earlier + archived, kept, int(plan.record_tokens * chars_per_token))
-        text = f"{summary}\n\n{record}"
+        try:
+            if budget.under_kv_pressure and not cfg.kv_pressure_summary:  # no request to the scarce engine
+                text = record
+                embedding = await self.host.embed_memory(record, services, request.previous_state)
+            else:
+                summary, embedding = await self.host.summarize_and_embed(archived, services, resend, shown)
+                text = f"{summary}\n\n{record}"
+        except StepFailure as failure:
+            await store.log_event(session, failure.rule, {"error": failure.detail})
+            return PolicyDecision(original, f"fallback:{failure.rule}", failure.detail, schedule=report)
         # the memories shown after the compaction, and the request, before anything is stored
         next_id = max((m.id for m in searchable), default=0) + 1  # ids grow: it sorts where it will
         provisional = Memory(next_id, session, text, embedding, services.embedder_name, (), (), 0.0)

@@ -262,13 +262,21 @@ class Pamer(MemoryPolicy):
             seen = list(prefix) + ([memory_message(shown)] if shown else [])
             conversation = seen + flatten(blocks) + [summary_instruction(after_memories=bool(shown))]
         summary = await write_summary(services, cfg, blocks, conversation)
+        return summary, await self.embed_memory(summary, services)
+
+    async def embed_memory(self, text: str, services: EngineServices, state: np.ndarray | None = None) -> np.ndarray:
+        """A memory's embedding: ``state`` (the served model's, captured at the
+        session's previous prompt, which costs no request) when given and the
+        memories live in that space, else ``text`` embedded."""
+        if state is not None and services.embedder_name == SERVED_STATE_EMBEDDER:
+            return np.asarray(state, dtype=np.float32)
+        cfg = self.config
         try:
-            embedding = await with_retries(
-                lambda: services.embed(summary), cfg.embed_timeout_s, cfg.embed_attempts, "summary embedding"
+            return await with_retries(
+                lambda: services.embed(text), cfg.embed_timeout_s, cfg.embed_attempts, "memory embedding"
             )
         except Exception as exc:
             raise StepFailure("embedding_failure", str(exc)) from exc
-        return summary, embedding
 
     async def _compress(
         self,

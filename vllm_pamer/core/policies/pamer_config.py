@@ -50,6 +50,12 @@ class PamerConfig(SummaryConfig, frozen=True):
     ``benchmarks/RESULTS.md``, "A budget from the KV cache's capacity")."""
     kv_share_idle_s: float = 60.0
     """``budget``: a session with no request for this long no longer shares the KV cache."""
+    kv_pressure_summary: bool = True
+    """``budget``: write a summary while KV pressure or ``kv_share`` has shrunk
+    the budget. Off: the memory is the verbatim record alone, embedded by the
+    state the engine captured at the end of the session's previous prompt, so
+    a compaction adds no request to a scarce engine (``benchmarks/RESULTS.md``,
+    "A budget from the KV cache's capacity")."""
     kv_pressure_summary_layout: str = "text"
     """``budget``: the summary layout while KV pressure (not ``kv_share``) has
     shrunk the budget. ``text`` prefills only the archived steps: a scarce
