@@ -126,7 +126,7 @@ force a compaction on every request."""
 
 def answer_room(request: PolicyRequest, services: EngineServices) -> int:
     """Tokens the request's answer needs beside its prompt."""
-    return min(request.answer_tokens or 0, int(ANSWER_SHARE * services.max_model_len))
+    return max(0, min(request.answer_tokens or 0, int(ANSWER_SHARE * services.max_model_len)))
 
 
 class _Offset(msgspec.Struct, frozen=True):
