@@ -158,6 +158,11 @@ def _members(data: bytes) -> Iterator[tuple[int, bytes]]:
         yield offset, payload
 
 
+def _member(unit: Unit) -> bytes:
+    """One unit as the gzip member the units file holds."""
+    return gzip.compress(msgspec.json.encode(unit) + b"\n")
+
+
 class UnitStore:
     """The units of one run (``OUT/units.jsonl.gz``), by (group, policy)."""
 
@@ -181,7 +186,7 @@ class UnitStore:
         for key in gone:
             del self._units[key]
         if gone:
-            kept = b"".join(gzip.compress(msgspec.json.encode(u) + b"\n") for u in self._units.values())
+            kept = b"".join(_member(u) for u in self._units.values())
             tmp = self.path.with_suffix(".tmp")
             tmp.write_bytes(kept)
             os.replace(tmp, self.path)  # a killed sitting leaves the old file or the new one
@@ -193,7 +198,7 @@ class UnitStore:
     def add(self, unit: Unit) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("ab") as handle:
-            handle.write(gzip.compress(msgspec.json.encode(unit) + b"\n"))
+            handle.write(_member(unit))
             handle.flush()
             os.fsync(handle.fileno())
         self._units[(unit.run.group, unit.run.policy)] = unit

@@ -336,10 +336,6 @@ class BudgetSchedule:
         await store.log_event(
             session, "compression_started", {"blocks": len(archived), "sent_tokens": report.sent_tokens, "trigger": why}
         )
-        # under KV pressure the conversation is seldom still cached: the text layout prefills
-        # less; a budget held to the session's KV share keeps it cached
-        scarce = budget.under_kv_pressure and not budget.shared
-        resend = None if scarce and cfg.kv_pressure_summary_layout == "text" else prefix
         chars = sum(len(str(m.get("content") or "")) for m in flatten(archived))
         chars_per_token = max(2.0, chars / max(1, sum(block_tokens[:count])))  # this conversation's own
         earlier = await self._archived_blocks(store, session, searchable)
@@ -349,6 +345,10 @@ class BudgetSchedule:
                 text = record
                 embedding = await self.host.embed_memory(record, services, request.previous_state)
             else:
+                # under KV pressure the conversation is seldom still cached: the text layout
+                # prefills less; a budget held to the session's KV share keeps it cached
+                scarce = budget.under_kv_pressure and not budget.shared
+                resend = None if scarce and cfg.kv_pressure_summary_layout == "text" else prefix
                 summary, embedding = await self.host.summarize_and_embed(archived, services, resend, shown)
                 text = f"{summary}\n\n{record}"
         except StepFailure as failure:
