@@ -156,16 +156,6 @@ def test_engine_failures_commit_nothing_and_remove_nothing(store, services, rule
     assert blocking(store).load("s1").memories == []
 
 
-def test_storage_failure_mid_transaction_leaves_no_memory(store):
-    # a real SQLite failure after the memory row was inserted: the raw blocks insert aborts
-    store._conn.execute("CREATE TRIGGER fail BEFORE INSERT ON raw_blocks BEGIN SELECT RAISE(ABORT, 'disk full'); END")
-    messages = conversation(8)
-    outcome = run(messages, store, FakeEngine(), COMPRESS)
-    assert outcome.action == "fallback:storage_failure" and "disk full" in outcome.detail
-    assert outcome.messages == messages
-    assert store._conn.execute("SELECT COUNT(*) FROM memories").fetchone()[0] == 0
-
-
 def test_recall_failure_sends_the_original_request(store):
     run(conversation(8), store, FakeEngine(), COMPRESS)
     later = conversation(10)
@@ -208,14 +198,6 @@ def test_sessions_are_isolated(store):
     assert blocking(store).load("b").memories == []
     outcome = run(conversation(10), store, FakeEngine(), KEEP, session="b")
     assert outcome.action == "none" and outcome.messages == conversation(10)
-
-
-def test_store_survives_reopen(tmp_path):
-    path = tmp_path / "memory.sqlite3"
-    first = SqliteStore(path)
-    run(conversation(8), first, FakeEngine(), COMPRESS)
-    first.close()
-    assert len(blocking(SqliteStore(path)).load("s1").memories) == 1
 
 
 class FlakyServices(FakeEngine):

@@ -67,7 +67,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """Memory embedder: ``served`` (the served model's own final-norm state) or
     ``minilm`` (all-MiniLM-L6-v2 on the CPU)."""
     store: str | None = None
-    """SQLite file of the session memories (default ``<cache>/memory.sqlite3``)."""
+    """Where the session memories live: a SQLite file (default
+    ``<cache>/memory.sqlite3``), or a ``postgresql://`` URL of a database that
+    several replicas share (``stores/postgres.py``)."""
     store_limits: StoreLimits = msgspec.field(default_factory=StoreLimits)
     """Caps and retention of the store, a JSON object of ``StoreLimits``
     fields (``core/store.py``), e.g. ``{"session_memories": 256}``."""
@@ -113,8 +115,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         return Path(self.cache) if self.cache else Path.home() / ".cache" / "vllm-pamer"
 
     @property
-    def store_path(self) -> Path:
-        return Path(self.store) if self.store else self.cache_root / "memory.sqlite3"
+    def store_location(self) -> str:
+        """``store``, or the SQLite file under the cache root."""
+        return self.store or str(self.cache_root / "memory.sqlite3")
 
     @staticmethod
     def env_name(field: str) -> str:

@@ -42,7 +42,7 @@ class ServerState:
         self.counter = TokenCounter(tokenizer, render=self.render)
         model_config = engine_client.model_config
         fingerprint = str(model_config.served_model_name or model_config.model)
-        self.store = open_store(settings.store_path, model_fingerprint=fingerprint, limits=settings.store_limits)
+        self.store = open_store(settings.store_location, model_fingerprint=fingerprint, limits=settings.store_limits)
         embedder = None
         if settings.embedder != DEFAULT_EMBEDDER:
             embedder = make_embedder(settings.embedder, check=True).load()  # load now, not on a request

@@ -1,39 +1,24 @@
 """The embedded memory store: one SQLite file (WAL) per server.
 
-Tables: ``memories`` (summary, embedding, covered block ids, step details),
-``raw_blocks`` (the raw blocks each memory covers), ``events`` (every policy
-decision) and ``sessions`` (per session: last use, memories, raw bytes: what
-the caps and retention of ``StoreLimits`` read). The guarantees are the
-interface's (``core/store.py``).
-Calls run in worker threads (``asyncio.to_thread``) behind one lock, so the
-API server's event loop never waits on the disk.
+The tables and the logic are ``sql.py``'s; this file opens the file, creates
+or carries over the schema, and sets a corrupt file aside. ``BEGIN IMMEDIATE``
+takes the write lock at the start of a transaction, so writers (threads, or
+processes sharing the file) are serialized and a commit's caps check reads
+what the previous commit wrote.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
 import os
 import sqlite3
-import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
-import msgspec
-import numpy as np
-
-from vllm_pamer.core.blocks import Block, Message
-from vllm_pamer.core.store import LoadResult, Memory, MemoryStore, StepDetail, StoreError, StoreLimits
+from vllm_pamer.core.store import StoreLimits
+from vllm_pamer.stores.sql import SCHEMA_VERSION, SqlStore
 
 logger = logging.getLogger("vllm_pamer.store")
-
-SCHEMA_VERSION = 2
-PRUNE_EVERY = 1000
-"""Events written between two retention passes (a commit runs one too)."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -84,16 +69,15 @@ FROM memories m GROUP BY m.session;
 """
 
 
-class SqliteStore(MemoryStore):
+class SqliteStore(SqlStore):
     """SQLite-backed store; safe to share between threads of one process."""
 
+    BEGIN = "BEGIN IMMEDIATE"
+    errors = (sqlite3.Error,)
+
     def __init__(self, path: str | os.PathLike, model_fingerprint: str = "", limits: StoreLimits | None = None) -> None:
+        super().__init__(model_fingerprint, limits)
         self.path = Path(path)
-        self.model_fingerprint = model_fingerprint
-        self.limits = limits or StoreLimits()
-        self._lock = threading.Lock()
-        self._events_since_prune = 0
-        self.reset_events: list[str] = []
         self._conn = self._open()
 
     # -- opening, with recovery from a corrupt file -----------------------------
@@ -109,9 +93,9 @@ class SqliteStore(MemoryStore):
                 Path(str(self.path) + suffix).unlink(missing_ok=True)
             self.reset_events.append(f"corrupt database moved to {aside.name}: {exc}")
             logger.warning("vllm-pamer store: %s", self.reset_events[-1])
-            conn = self._connect()
-            self._log(conn, None, "corrupt_state", {"reason": str(exc), "moved_to": aside.name})
-            return conn
+            self._conn = self._connect()
+            self._log(None, "corrupt_state", {"reason": str(exc), "moved_to": aside.name})
+            return self._conn
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
@@ -133,259 +117,3 @@ class SqliteStore(MemoryStore):
             conn.close()
             raise
         return conn
-
-    def close(self) -> None:
-        with self._lock:
-            self._conn.close()
-
-    @contextmanager
-    def _transaction(self) -> Iterator[None]:
-        """One write transaction, committed or rolled back whole; the caller holds the lock."""
-        self._conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-            self._conn.execute("COMMIT")
-        except BaseException:
-            self._conn.execute("ROLLBACK")
-            raise
-
-    # -- writes -------------------------------------------------------------------
-    def _commit_memory(
-        self,
-        session: str,
-        summary: str,
-        embedding: np.ndarray,
-        embedder: str,
-        blocks: Sequence[Block],
-        step_details: Sequence[StepDetail],
-    ) -> int:
-        """Store a memory and the raw blocks it covers, atomically; return its id."""
-        vector = np.asarray(embedding, dtype="<f4").reshape(-1)
-        if not summary.strip():
-            raise StoreError("refusing to store an empty summary")
-        if vector.size == 0 or not np.isfinite(vector).all():
-            raise StoreError("refusing to store an empty or non-finite embedding")
-        ids = [block.block_id for block in blocks]
-        raw = [json.dumps(list(block.messages)) for block in blocks]
-        size = sum(len(text) for text in raw)
-        try:
-            with self._lock, self._transaction():
-                now = time.time()
-                self._check_caps(session, size, now)
-                cursor = self._conn.execute(
-                    "INSERT INTO memories (session, summary, embedding, embedding_dim, embedder, "
-                    "covered_block_ids, step_details, model_fingerprint, created) VALUES (?,?,?,?,?,?,?,?,?)",
-                    (
-                        session,
-                        summary,
-                        vector.tobytes(),
-                        int(vector.size),
-                        embedder,
-                        json.dumps(ids),
-                        msgspec.json.encode(step_details).decode(),
-                        self.model_fingerprint,
-                        now,
-                    ),
-                )
-                assert cursor.lastrowid is not None  # set by the INSERT
-                memory_id = int(cursor.lastrowid)
-                self._conn.executemany(
-                    "INSERT INTO raw_blocks (session, block_id, memory_id, position, messages) VALUES (?,?,?,?,?)",
-                    [
-                        (session, block.block_id, memory_id, detail.step, text)
-                        for block, detail, text in zip(blocks, step_details, raw)
-                    ],
-                )
-                self._conn.execute(
-                    "INSERT INTO sessions (session, last_used, memories, raw_bytes) VALUES (?,?,1,?) "
-                    "ON CONFLICT(session) DO UPDATE SET last_used=excluded.last_used, "
-                    "memories=memories+1, raw_bytes=raw_bytes+excluded.raw_bytes",
-                    (session, now, size),
-                )
-        except sqlite3.Error as exc:
-            raise StoreError(f"storing the memory failed: {exc}") from exc
-        return memory_id
-
-    def _log_event(self, session: str | None, kind: str, detail: dict[str, Any] | None = None) -> None:
-        """Record a decision; a failing event log never fails the request."""
-        try:
-            with self._lock:
-                self._log(self._conn, session, kind, detail or {})
-                if session is not None:  # the session's newest ``session_events``
-                    self._conn.execute(
-                        "DELETE FROM events WHERE session=? AND id <= "
-                        "(SELECT id FROM events WHERE session=? ORDER BY id DESC LIMIT 1 OFFSET ?)",
-                        (session, session, self.limits.session_events),
-                    )
-                self._events_since_prune += 1
-                if self._events_since_prune >= PRUNE_EVERY:
-                    with self._transaction():
-                        self._prune(time.time())
-        except (sqlite3.Error, StoreError):
-            logger.exception("vllm-pamer store: event log write or retention failed")
-
-    @staticmethod
-    def _log(conn: sqlite3.Connection, session: str | None, kind: str, detail: dict[str, Any]) -> None:
-        conn.execute(
-            "INSERT INTO events (session, time, kind, detail) VALUES (?,?,?,?)",
-            (session, time.time(), kind, json.dumps(detail, default=str)),
-        )
-
-    # -- bounds (``StoreLimits``); the callers hold the lock inside a transaction --
-    def _check_caps(self, session: str, size: int, now: float) -> None:
-        """Refuse a memory of ``size`` raw bytes that would pass a cap, after
-        retention has freed what it may."""
-        limits = self.limits
-        row = self._conn.execute("SELECT memories, raw_bytes FROM sessions WHERE session=?", (session,)).fetchone()
-        memories, raw_bytes = row or (0, 0)
-        if memories + 1 > limits.session_memories:
-            raise StoreError(f"the session holds {memories} memories, its cap (session_memories)")
-        if raw_bytes + size > limits.session_raw_bytes:
-            raise StoreError(
-                f"the session's raw blocks would take {raw_bytes + size} bytes, over its cap (session_raw_bytes)"
-            )
-        self._prune(now, keep=session, room=(1, size))
-
-    def _totals(self) -> tuple[int, int]:
-        memories, raw_bytes = self._conn.execute(
-            "SELECT COALESCE(SUM(memories), 0), COALESCE(SUM(raw_bytes), 0) FROM sessions"
-        ).fetchone()
-        return int(memories), int(raw_bytes)
-
-    def _prune(self, now: float, keep: str | None = None, room: tuple[int, int] = (0, 0)) -> None:
-        """Retention: delete sessions idle past ``idle_s``, then the least
-        recently used ones (idle past ``active_s``, never ``keep``) until the
-        totals leave ``room`` (memories, raw bytes); drop the oldest events
-        past ``total_events``. Raises StoreError when the room cannot be made."""
-        limits = self.limits
-        self._events_since_prune = 0
-        if limits.idle_s:
-            cutoff = now - limits.idle_s
-            for (victim,) in self._conn.execute(
-                "SELECT session FROM sessions WHERE last_used < ?", (cutoff,)
-            ).fetchall():
-                if victim != keep:
-                    self._delete_session(victim, "idle")
-            self._conn.execute("DELETE FROM events WHERE time < ?", (cutoff,))
-        memories, raw_bytes = self._totals()
-        while memories + room[0] > limits.total_memories or raw_bytes + room[1] > limits.total_raw_bytes:
-            row = self._conn.execute(
-                "SELECT session, memories, raw_bytes FROM sessions WHERE last_used < ? AND session != ? "
-                "ORDER BY last_used LIMIT 1",
-                (now - limits.active_s, keep or ""),
-            ).fetchone()
-            if row is None:
-                raise StoreError("the store is at its total caps and every session in it is active")
-            self._delete_session(row[0], "least recently used")
-            memories, raw_bytes = memories - row[1], raw_bytes - row[2]
-        (events,) = self._conn.execute("SELECT COUNT(*) FROM events").fetchone()
-        if events > limits.total_events:
-            self._conn.execute(
-                "DELETE FROM events WHERE id IN (SELECT id FROM events ORDER BY id LIMIT ?)",
-                (events - limits.total_events,),
-            )
-
-    def _delete_session(self, session: str, why: str) -> None:
-        """A whole session: its memories with their raw blocks, and its events."""
-        for table in ("raw_blocks", "memories", "events", "sessions"):
-            self._conn.execute(f"DELETE FROM {table} WHERE session=?", (session,))
-        logger.info("vllm-pamer store: deleted session %s (%s)", session, why)
-
-    # -- reads ----------------------------------------------------------------------
-    def _load(self, session: str) -> LoadResult:
-        """All valid memories of ``session`` (oldest first). Rows that fail
-        validation are deleted with their raw blocks and counted."""
-        try:
-            with self._lock:
-                rows = self._conn.execute(
-                    "SELECT id, summary, embedding, embedding_dim, embedder, covered_block_ids, step_details, "
-                    "created, (SELECT COUNT(*) FROM raw_blocks r WHERE r.memory_id = m.id) "
-                    "FROM memories m WHERE session=? ORDER BY id",
-                    (session,),
-                ).fetchall()
-        except sqlite3.Error as exc:
-            raise StoreError(f"loading session memory failed: {exc}") from exc
-        memories, bad = [], []
-        for row in rows:
-            memory = self._validate(session, row)
-            if memory is None:
-                bad.append(row[0])
-            else:
-                memories.append(memory)
-        if not rows:  # nothing stored for the session: nothing to record
-            return LoadResult(memories)
-        try:
-            with self._lock, self._transaction():
-                if bad:  # corrupt state: discard it and start from what is valid; never repair
-                    self._conn.executemany("DELETE FROM raw_blocks WHERE memory_id=?", [(i,) for i in bad])
-                    self._conn.executemany("DELETE FROM memories WHERE id=?", [(i,) for i in bad])
-                    self._conn.execute(
-                        "UPDATE sessions SET memories=?, raw_bytes=COALESCE((SELECT SUM(LENGTH(messages)) "
-                        "FROM raw_blocks WHERE session=?), 0) WHERE session=?",
-                        (len(memories), session, session),
-                    )
-                self._conn.execute("UPDATE sessions SET last_used=? WHERE session=?", (time.time(), session))
-        except sqlite3.Error:  # the valid memories are still served; the discard waits for the next load
-            logger.exception("vllm-pamer store: recording the session's use failed")
-        if bad:
-            self._log_event(session, "corrupt_state", {"discarded_memory_ids": bad})
-        return LoadResult(memories, discarded=len(bad))
-
-    @staticmethod
-    def _validate(session: str, row: tuple) -> Memory | None:
-        memory_id, summary, blob, dim, embedder, covered, details, created, n_raw = row
-        try:
-            if not isinstance(summary, str) or not summary.strip():
-                return None
-            if not isinstance(blob, bytes) or len(blob) != 4 * int(dim) or int(dim) <= 0:
-                return None
-            vector = np.frombuffer(blob, dtype="<f4").copy()
-            if not np.isfinite(vector).all():
-                return None
-            covered_ids = tuple(json.loads(covered))
-            step_details = msgspec.json.decode(details, type=tuple[StepDetail, ...])
-            if not covered_ids or len(covered_ids) != n_raw or [d.block_id for d in step_details] != list(covered_ids):
-                return None  # a memory must come with exactly the raw blocks it covers
-        except (ValueError, TypeError, msgspec.DecodeError, msgspec.ValidationError):
-            return None
-        return Memory(memory_id, session, summary, vector, embedder, covered_ids, step_details, float(created))
-
-    def _raw_blocks(self, session: str, block_ids: Sequence[str]) -> dict[str, list[Message]]:
-        with self._lock:
-            rows = self._conn.execute(
-                "SELECT block_id, messages FROM raw_blocks "
-                f"WHERE session=? AND block_id IN ({','.join('?' * len(block_ids))})",
-                (session, *block_ids),
-            ).fetchall()
-        return {block_id: json.loads(messages) for block_id, messages in rows}
-
-    def _events(self, session: str, limit: int = 100) -> list[dict[str, Any]]:
-        with self._lock:
-            rows = self._conn.execute(
-                "SELECT time, kind, detail FROM events WHERE session=? ORDER BY id DESC LIMIT ?", (session, limit)
-            ).fetchall()
-        return [{"time": t, "kind": k, "detail": json.loads(d)} for t, k, d in reversed(rows)]
-
-    # -- the interface: each call in a worker thread ------------------------------
-    async def load(self, session: str) -> LoadResult:
-        return await asyncio.to_thread(self._load, session)
-
-    async def commit_memory(
-        self,
-        session: str,
-        summary: str,
-        embedding: np.ndarray,
-        embedder: str,
-        blocks: Sequence[Block],
-        step_details: Sequence[StepDetail],
-    ) -> int:
-        return await asyncio.to_thread(self._commit_memory, session, summary, embedding, embedder, blocks, step_details)
-
-    async def raw_blocks(self, session: str, block_ids: Sequence[str]) -> dict[str, list[Message]]:
-        return await asyncio.to_thread(self._raw_blocks, session, block_ids)
-
-    async def log_event(self, session: str | None, kind: str, detail: dict[str, Any] | None = None) -> None:
-        await asyncio.to_thread(self._log_event, session, kind, detail)
-
-    async def events(self, session: str, limit: int = 100) -> list[dict[str, Any]]:
-        return await asyncio.to_thread(self._events, session, limit)
