@@ -234,6 +234,28 @@ def test_concurrent_writers_on_one_session_lose_nothing_and_keep_the_cap(make_st
     assert rows(replicas[2], "raw_blocks", "s") == 12
 
 
+def test_a_session_state_is_kept_and_only_a_newer_one_replaces_it(make_store):
+    store, other = make_store(), make_store()  # two replicas
+    assert blocking(store).session_state("a") is None
+    blocking(store).save_session_state("a", b"first", 10.0)
+    blocking(other).save_session_state("a", b"older", 5.0)  # a late write of an older state
+    assert blocking(other).session_state("a") == (b"first", 10.0)
+    blocking(other).save_session_state("a", b"second", 20.0)
+    assert blocking(store).session_state("a") == (b"second", 20.0)
+    assert blocking(store).session_state("b") is None  # sessions are isolated
+    commit(store, "a")  # a memory leaves the state alone, and the state the counts
+    assert blocking(store).session_state("a") == (b"second", 20.0)
+    assert store._execute("SELECT memories FROM sessions WHERE session='a'").fetchone()[0] == 1
+
+
+def test_a_session_state_is_deleted_with_its_idle_session(make_store):
+    store = make_store(StoreLimits(idle_s=100.0))
+    blocking(store).save_session_state("old", b"state", 1.0)
+    age(store, "old", 200)
+    commit(store, "new")  # a commit runs retention
+    assert blocking(store).session_state("old") is None
+
+
 # -- SQLite only ------------------------------------------------------------------
 
 
@@ -269,6 +291,20 @@ def test_a_postgres_schema_of_another_version_is_refused_not_dropped(pg_cluster)
         assert conn.execute("SELECT COUNT(*) FROM memories").fetchone()[0] == 1
 
 
+def test_a_postgres_store_of_the_second_schema_is_carried_over(pg_cluster):
+    url = pg_cluster.new_database()
+    store = open_store(url)
+    commit(store, "a")
+    store._execute("ALTER TABLE sessions DROP COLUMN state, DROP COLUMN state_time")
+    store._execute("UPDATE meta SET value='2' WHERE key='schema_version'")
+    store.close()
+    reopened = open_store(url)
+    assert len(blocking(reopened).load("a").memories) == 1
+    blocking(reopened).save_session_state("a", b"state", 1.0)
+    assert blocking(reopened).session_state("a") == (b"state", 1.0)
+    reopened.close()
+
+
 def test_a_lost_postgres_connection_is_opened_again(pg_cluster):
     store = open_store(pg_cluster.new_database())
     commit(store, "a")
@@ -285,3 +321,20 @@ def test_an_unreachable_postgres_store_says_where(tmp_path):
     with pytest.raises(StoreError, match="cannot reach the PostgreSQL store at postgresql://nobody@") as error:
         open_store(f"postgresql://nobody:secret@/x?host={tmp_path}&port=1")
     assert "secret" not in str(error.value)
+
+
+def test_a_store_of_the_second_schema_is_carried_over(tmp_path):
+    path = tmp_path / "m.sqlite3"
+    store = SqliteStore(path)
+    commit(store, "a")
+    store.close()
+    conn = sqlite3.connect(path)
+    conn.executescript(
+        "ALTER TABLE sessions DROP COLUMN state; ALTER TABLE sessions DROP COLUMN state_time; "
+        "UPDATE meta SET value='2' WHERE key='schema_version';"
+    )
+    conn.close()
+    reopened = SqliteStore(path)
+    assert len(blocking(reopened).load("a").memories) == 1 and not reopened.reset_events
+    blocking(reopened).save_session_state("a", b"state", 1.0)
+    assert blocking(reopened).session_state("a") == (b"state", 1.0)

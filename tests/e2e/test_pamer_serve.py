@@ -122,6 +122,7 @@ def test_crash_in_the_middle_of_a_compression(compress_heads, trajectory, tmp_pa
     assert killed_at is not None, "no compression started"
     assert blocking(watcher).load("crash").memories == []  # the killed transaction left nothing
 
+    events_before_restart = len(blocking(watcher).events("crash", limit=10_000))
     server = start_pamer_server(compress_heads, store_path, tmp_path / "second.log")
     try:
         client = client_for(server)
@@ -129,6 +130,9 @@ def test_crash_in_the_middle_of_a_compression(compress_heads, trajectory, tmp_pa
     finally:
         server.stop()
     assert all(not r["action"].startswith("fallback") for r in reports)
+    # the vote and state captured before the kill came back from the store
+    after = [e["kind"] for e in blocking(watcher).events("crash", limit=10_000)[events_before_restart:]]
+    assert "probe_missing" not in after, after
     assert "compressed" in [r["action"] for r in reports]  # the session goes on compressing
     loaded = blocking(SqliteStore(store_path)).load("crash")
     assert loaded.discarded == 0 and loaded.memories

@@ -151,5 +151,24 @@ class MemoryStore(ABC):
         """The session's last ``limit`` events, oldest first."""
 
     @abstractmethod
+    async def save_session_state(self, session: str, state: bytes, updated: float) -> None:
+        """Keep the server's state of ``session`` (its last vote and captured
+        state, encoded by the server), so that any API process or replica, and
+        a restarted server, can serve its next request. It replaces a stored
+        state made before ``updated`` and never a later one; it is deleted
+        with the session. A failing write never fails the request."""
+
+    @abstractmethod
+    async def session_state(self, session: str) -> tuple[bytes, float] | None:
+        """The stored state of ``session`` and when it was made, or None."""
+
+    @property
+    def shared(self) -> bool:
+        """Other servers may write it (a database several replicas use): a
+        server reads a session's state from it on every request, not only
+        when it has none of its own."""
+        return False
+
+    @abstractmethod
     def close(self) -> None:
         """Release the backend's resources."""

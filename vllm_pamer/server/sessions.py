@@ -1,8 +1,10 @@
-"""Per-session state kept by the API server (in memory; bounded LRU).
+"""Per-session state kept by the API server (in memory; bounded LRU), and
+kept in the store too (``ServerState.session``).
 
 The vote captured at a request's prefill is filed on its session, so that the
 session's next request can act on it (the deferred decision: no request
-waits for an extra forward pass).
+waits for an extra forward pass). The store's copy carries it to a restarted
+server, to another API process (``--api-server-count``) and to another replica.
 """
 
 from __future__ import annotations
@@ -33,8 +35,11 @@ class SessionState(msgspec.Struct):
     """The compaction schedule's report of the session's last request."""
     policy: str | None = None
     """The policy of the session's last request."""
+    updated: float = 0.0
+    """Unix time of the last capture filed here (the newer of two copies wins)."""
 
     def record_capture(self, record: CaptureRecord) -> None:
+        self.updated = time.time()
         self.captures += 1
         self.last_prompt_tokens = record.num_prompt_tokens
         self.last_state = record.hidden
@@ -43,6 +48,13 @@ class SessionState(msgspec.Struct):
             if record.head_logits is not None
             else None
         )
+
+    def encode(self) -> bytes:
+        return _encoder.encode(self)
+
+    @staticmethod
+    def decode(payload: bytes) -> SessionState:
+        return _decoder.decode(payload)
 
     def state(self) -> np.ndarray | None:
         """The last captured state as a float32 vector (None: none captured)."""
@@ -63,6 +75,10 @@ class SessionState(msgspec.Struct):
         }
 
 
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(SessionState)
+
+
 class SessionRegistry:
     def __init__(self, max_sessions: int = 100_000, on_evict: Callable[[str], None] | None = None) -> None:
         """``on_evict(session_id)`` runs when a session leaves the registry
@@ -74,8 +90,12 @@ class SessionRegistry:
     def get(self, session_id: str) -> SessionState | None:
         return self._sessions.get(session_id)
 
-    def touch(self, session_id: str) -> SessionState:
-        state = self._sessions.pop(session_id, None) or SessionState(session_id)
+    def touch(self, session_id: str, newer: SessionState | None = None) -> SessionState:
+        """The session's state, marked used; ``newer`` (from the store) replaces it."""
+        state = self._sessions.pop(session_id, None)
+        if newer is not None and newer.session_id == session_id:
+            state = newer
+        state = state or SessionState(session_id)
         state.last_seen = time.time()
         self._sessions[session_id] = state
         while len(self._sessions) > self.max_sessions:

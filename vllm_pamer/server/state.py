@@ -7,11 +7,14 @@ import logging
 from argparse import Namespace
 from typing import Any
 
+import msgspec
+
 from vllm_pamer.adapters.serving import api_keys, key_check
 from vllm_pamer.channel import CaptureInbox, CaptureRecord, ensure_channel_address
 from vllm_pamer.core.blocks import Message
 from vllm_pamer.core.policies import MemoryPolicy, PolicyContext, UnknownPolicy, create_variant, policy_class
 from vllm_pamer.core.render import render_tools_as_text, template_supports_tools
+from vllm_pamer.core.store import StoreError
 from vllm_pamer.core.tokens import TokenCounter
 from vllm_pamer.embedders import DEFAULT_EMBEDDER, make_embedder
 from vllm_pamer.server.access import Access
@@ -33,6 +36,7 @@ class ServerState:
         keys = api_keys(args)
         self.access = Access(keys, key_check(keys), settings)
         self.sessions = SessionRegistry()
+        self.api_processes = int(getattr(args, "api_server_count", None) or 1)
         self.inbox = CaptureInbox(ensure_channel_address())
         self.has_heads = bool(settings.heads)
         self._policies: dict[str, MemoryPolicy] = {}
@@ -88,12 +92,33 @@ class ServerState:
             logger.debug("token count failed", exc_info=True)
             return None
 
+    async def session(self, key: str) -> SessionState:
+        """The session's state, marked used. The store's copy replaces this
+        process's when it is newer: read when this process has none (a restart,
+        a failover) and on every request where others write it too (a shared
+        store, several API processes)."""
+        known = self.sessions.get(key)
+        newer = None
+        if known is None or self.store.shared or self.api_processes > 1:
+            try:
+                stored = await self.store.session_state(key)
+            except StoreError:
+                logger.warning("vllm-pamer: reading the state of a session failed", exc_info=True)
+                stored = None
+            if stored is not None and (known is None or stored[1] > known.updated):
+                try:
+                    newer = SessionState.decode(stored[0])
+                except msgspec.DecodeError:
+                    logger.warning("vllm-pamer: a stored session state does not decode; ignored")
+        return self.sessions.touch(key, newer)
+
     async def on_capture(self, key: str, session: SessionState | None, policy: MemoryPolicy) -> CaptureRecord | None:
         """Wait for a request's capture; file its vote on the session and let
         the policy act on it (e.g. start a summary while the agent works)."""
         record = await self.inbox.wait_for(key, CAPTURE_LIFETIME_S)
         if record is not None and session is not None:
             session.record_capture(record)
+            await self.store.save_session_state(session.session_id, session.encode(), session.updated)
             if session.last_vote is not None:
                 try:
                     await policy.on_vote(session.session_id, session.last_vote, self.context)

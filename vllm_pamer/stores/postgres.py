@@ -67,7 +67,9 @@ CREATE TABLE IF NOT EXISTS sessions (
     session TEXT PRIMARY KEY,
     last_used DOUBLE PRECISION NOT NULL,
     memories INTEGER NOT NULL,
-    raw_bytes BIGINT NOT NULL
+    raw_bytes BIGINT NOT NULL,
+    state BYTEA,
+    state_time DOUBLE PRECISION NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS sessions_last_used ON sessions(last_used);
 """
@@ -106,6 +108,12 @@ class PostgresStore(SqlStore):
                 row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
                 if row is None:
                     conn.execute("INSERT INTO meta VALUES ('schema_version', %s)", (str(SCHEMA_VERSION),))
+                elif row[0] == "2":
+                    conn.execute(
+                        "ALTER TABLE sessions ADD COLUMN IF NOT EXISTS state BYTEA, "
+                        "ADD COLUMN IF NOT EXISTS state_time DOUBLE PRECISION NOT NULL DEFAULT 0"
+                    )
+                    conn.execute("UPDATE meta SET value=%s WHERE key='schema_version'", (str(SCHEMA_VERSION),))
                 elif row[0] != str(SCHEMA_VERSION):
                     raise StoreError(
                         f"the PostgreSQL store at {redacted(self.url)} has schema version {row[0]}, this "
@@ -115,6 +123,10 @@ class PostgresStore(SqlStore):
             conn.close()
             raise
         return conn
+
+    @property
+    def shared(self) -> bool:
+        return True
 
     def _sql(self, query: str) -> str:
         return query.replace("?", "%s")

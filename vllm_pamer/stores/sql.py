@@ -4,7 +4,7 @@
 Tables: ``memories`` (summary, embedding, covered block ids, step details),
 ``raw_blocks`` (the raw blocks each memory covers), ``events`` (every policy
 decision) and ``sessions`` (per session: last use, memories, raw bytes: what
-the caps and retention read). A backend (``sqlite.py``, ``postgres.py``) opens
+the caps and retention read; and the server's state of the session). A backend (``sqlite.py``, ``postgres.py``) opens
 the connection, creates its schema and says how a transaction begins and how a
 session's commits are kept apart; the guarantees are the interface's
 (``core/store.py``). Queries are written with ``?`` placeholders.
@@ -31,7 +31,8 @@ from vllm_pamer.core.store import LoadResult, Memory, MemoryStore, StepDetail, S
 
 logger = logging.getLogger("vllm_pamer.store")
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+"""2 added the ``sessions`` table, 3 its ``state`` and ``state_time`` columns."""
 PRUNE_EVERY = 1000
 """Events written between two retention passes (a commit runs one too)."""
 
@@ -51,6 +52,11 @@ class SqlStore(MemoryStore):
         self._events_since_prune = 0
         self.reset_events: list[str] = []
         self._conn: Any = None
+
+    @property
+    def _logged_errors(self) -> tuple[type[Exception], ...]:
+        """What a write that must never fail the request logs and swallows."""
+        return (StoreError, *self.errors)
 
     # -- what a backend provides ----------------------------------------------------
     def _sql(self, query: str) -> str:
@@ -165,7 +171,7 @@ class SqlStore(MemoryStore):
                 if self._events_since_prune >= PRUNE_EVERY:
                     with self._transaction():
                         self._prune(time.time())
-        except (StoreError, *self.errors):  # type: ignore[misc]  # mypy reads a starred tuple as one type
+        except self._logged_errors:
             logger.exception("vllm-pamer store: event log write or retention failed")
 
     def _log(self, session: str | None, kind: str, detail: dict[str, Any]) -> None:
@@ -173,6 +179,20 @@ class SqlStore(MemoryStore):
             "INSERT INTO events (session, time, kind, detail) VALUES (?,?,?,?)",
             (session, time.time(), kind, json.dumps(detail, default=str)),
         )
+
+    def _save_session_state(self, session: str, state: bytes, updated: float) -> None:
+        try:
+            with self._lock:
+                self._ready()
+                self._execute(
+                    "INSERT INTO sessions (session, last_used, memories, raw_bytes, state, state_time) "
+                    "VALUES (?,?,0,0,?,?) ON CONFLICT(session) DO UPDATE SET last_used=excluded.last_used, "
+                    "state=excluded.state, state_time=excluded.state_time "
+                    "WHERE sessions.state_time < excluded.state_time",
+                    (session, time.time(), state, updated),
+                )
+        except self._logged_errors:
+            logger.exception("vllm-pamer store: saving the session's state failed")
 
     # -- bounds (``StoreLimits``); the callers hold the lock inside a transaction --
     def _check_caps(self, session: str, size: int, now: float) -> None:
@@ -296,6 +316,17 @@ class SqlStore(MemoryStore):
             return None
         return Memory(int(memory_id), session, summary, vector, embedder, covered_ids, step_details, float(created))
 
+    def _session_state(self, session: str) -> tuple[bytes, float] | None:
+        try:
+            with self._lock:
+                self._ready()
+                row = self._execute("SELECT state, state_time FROM sessions WHERE session=?", (session,)).fetchone()
+        except self.errors as exc:
+            raise StoreError(f"reading the session's state failed: {exc}") from exc
+        if row is None or row[0] is None:
+            return None
+        return bytes(row[0]), float(row[1])
+
     def _raw_blocks(self, session: str, block_ids: Sequence[str]) -> dict[str, list[Message]]:
         if not block_ids:
             return {}
@@ -345,3 +376,9 @@ class SqlStore(MemoryStore):
 
     async def events(self, session: str, limit: int = 100) -> list[dict[str, Any]]:
         return await asyncio.to_thread(self._events, session, limit)
+
+    async def save_session_state(self, session: str, state: bytes, updated: float) -> None:
+        await asyncio.to_thread(self._save_session_state, session, state, updated)
+
+    async def session_state(self, session: str) -> tuple[bytes, float] | None:
+        return await asyncio.to_thread(self._session_state, session)

@@ -55,7 +55,9 @@ CREATE TABLE IF NOT EXISTS sessions (
     session TEXT PRIMARY KEY,
     last_used REAL NOT NULL,
     memories INTEGER NOT NULL,
-    raw_bytes INTEGER NOT NULL
+    raw_bytes INTEGER NOT NULL,
+    state BLOB,
+    state_time REAL NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS sessions_last_used ON sessions(last_used);
 """
@@ -66,6 +68,11 @@ INSERT OR REPLACE INTO sessions (session, last_used, memories, raw_bytes)
 SELECT m.session, MAX(m.created), COUNT(*),
        COALESCE((SELECT SUM(LENGTH(r.messages)) FROM raw_blocks r WHERE r.session = m.session), 0)
 FROM memories m GROUP BY m.session;
+"""
+# Version 2 kept no session state.
+_FROM_V2 = """
+ALTER TABLE sessions ADD COLUMN state BLOB;
+ALTER TABLE sessions ADD COLUMN state_time REAL NOT NULL DEFAULT 0;
 """
 
 
@@ -107,9 +114,10 @@ class SqliteStore(SqlStore):
             row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
             if row is None:
                 conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-            elif row[0] == "1":
+            elif row[0] in ("1", "2"):  # v1 had no sessions table: the schema above made the current one
+                carry = _FROM_V1 if row[0] == "1" else _FROM_V2
                 conn.executescript(
-                    f"BEGIN; {_FROM_V1} UPDATE meta SET value='{SCHEMA_VERSION}' WHERE key='schema_version'; COMMIT;"
+                    f"BEGIN; {carry} UPDATE meta SET value='{SCHEMA_VERSION}' WHERE key='schema_version'; COMMIT;"
                 )
             elif row[0] != str(SCHEMA_VERSION):
                 raise sqlite3.DatabaseError(f"schema version {row[0]}, expected {SCHEMA_VERSION}")
