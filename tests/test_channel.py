@@ -1,4 +1,5 @@
-"""Capture channel: CapturePublisher (PUSH) -> CaptureInbox (PULL), in one process."""
+"""Capture channel: CapturePublisher (PUSH) -> CaptureInbox (PULL), in one
+process; records reach the inbox whose tag their key carries."""
 
 from __future__ import annotations
 
@@ -40,14 +41,21 @@ def publishers():
 
     yield make
     for publisher in made:
-        if publisher._socket is not None:
-            publisher._socket.close()
+        for socket in publisher._sockets.values():
+            socket.close()
 
 
-def _record(i: int) -> CaptureRecord:
+TAG = "a1"
+
+
+def key(i: int, tag: str = TAG) -> str:
+    return f"{tag}.{i:032x}"
+
+
+def _record(i: int, tag: str = TAG) -> CaptureRecord:
     hidden = (np.arange(16, dtype=np.float32) * (i + 1) - 3.5).astype("<f4")
     return CaptureRecord(
-        key=f"k{i}",
+        key=key(i, tag),
         request_id=f"req-{i}",
         session_id=None if i == 1 else f"sess-{i}",
         num_prompt_tokens=100 + i,
@@ -71,17 +79,17 @@ def test_publisher_to_inbox(address, publishers):
     records = [_record(i) for i in range(3)]
 
     async def scenario():
-        inbox = CaptureInbox(address)
+        inbox = CaptureInbox(address, tag=TAG)
         inbox.start()
         try:
             publisher = publishers(address)
             # k0 arrives before anybody waits for it
             publisher.publish(records[0])
             await _until(lambda: inbox.received == 1)
-            early = await asyncio.wait_for(inbox.wait_for("k0", timeout=0.2), 0.1)  # no waiting needed
+            early = await asyncio.wait_for(inbox.wait_for(key(0), timeout=0.2), 0.1)  # no waiting needed
 
             # k1, k2: waiters first, then the records
-            waiters = [asyncio.ensure_future(inbox.wait_for(f"k{i}", timeout=2.0)) for i in (1, 2)]
+            waiters = [asyncio.ensure_future(inbox.wait_for(key(i), timeout=2.0)) for i in (1, 2)]
             await asyncio.sleep(0.01)
             publisher.publish(records[2])
             publisher.publish(records[1])
@@ -90,7 +98,7 @@ def test_publisher_to_inbox(address, publishers):
             start = time.monotonic()
             missing = await inbox.wait_for("unknown", timeout=0.2)
             waited = time.monotonic() - start
-            again = await inbox.wait_for("k0", timeout=0.05)  # handed out once only
+            again = await inbox.wait_for(key(0), timeout=0.05)  # handed out once only
             return early, late, missing, waited, again, inbox.received, publisher.dropped
         finally:
             inbox.close()
@@ -100,7 +108,7 @@ def test_publisher_to_inbox(address, publishers):
         assert got == want
         assert got.hidden_state().dtype == np.float32
         np.testing.assert_array_equal(got.hidden_state(), np.frombuffer(want.hidden, dtype="<f4"))
-        np.testing.assert_array_equal(got.hidden_state(), (np.arange(16) * (int(want.key[1:]) + 1) - 3.5))
+        np.testing.assert_array_equal(got.hidden_state(), (np.arange(16) * (int(want.key[3:], 16) + 1) - 3.5))
     assert missing is None
     assert 0.19 <= waited < 1.0
     assert again is None
@@ -110,18 +118,18 @@ def test_publisher_to_inbox(address, publishers):
 
 def test_inbox_skips_undecodable_payloads_and_keyless_records(address):
     async def scenario():
-        inbox = CaptureInbox(address)
+        inbox = CaptureInbox(address, tag=TAG)
         inbox.start()
         # one socket, so the payloads arrive in the order sent
         raw = zmq.Context.instance().socket(zmq.PUSH)
         raw.setsockopt(zmq.LINGER, 0)
-        raw.connect(address)
+        raw.connect(inbox.address)
         try:
             raw.send(b"\x00not msgpack")
             raw.send(msgspec.msgpack.encode(42))  # msgpack, but not a record
             raw.send(msgspec.msgpack.encode(msgspec.structs.replace(_record(5), key=None)))
             raw.send(msgspec.msgpack.encode(_record(6)))
-            got = await inbox.wait_for("k6", timeout=2.0)
+            got = await inbox.wait_for(key(6), timeout=2.0)
             return got, inbox.received, dict(inbox._records)
         finally:
             raw.close()
@@ -135,14 +143,14 @@ def test_inbox_skips_undecodable_payloads_and_keyless_records(address):
 
 def test_inbox_keeps_a_bounded_number_of_unclaimed_records(address, publishers):
     async def scenario():
-        inbox = CaptureInbox(address, max_pending=2)
+        inbox = CaptureInbox(address, max_pending=2, tag=TAG)
         inbox.start()
         try:
             publisher = publishers(address)
             for i in range(3):
                 publisher.publish(_record(i))
             await _until(lambda: inbox.received == 3)
-            return [await inbox.wait_for(f"k{i}", timeout=0.05) for i in range(3)]
+            return [await inbox.wait_for(key(i), timeout=0.05) for i in range(3)]
         finally:
             inbox.close()
 
@@ -190,12 +198,45 @@ def test_publisher_to_receiver_with_layer_taps(address, publishers):
                 layer_tokens=9,
             )
         )
-        publisher.publish(_record(1))
+        publisher.publish(msgspec.structs.replace(_record(1), key="b"))
         records = receiver.drain(expect=2, timeout_s=5.0)
-        assert [r.key for r in records] == ["a", _record(1).key]
+        assert [r.key for r in records] == ["a", "b"]
         np.testing.assert_array_equal(records[0].layer_states(), layers)
         assert records[0].layer_tokens == 9 and records[1].layer_states() is None
         assert receiver.receive(10) is None
     finally:
         receiver.close()
     assert receiver.receive(10) is None  # closed: nothing, no error
+
+
+def test_each_api_process_gets_the_records_of_its_own_keys(address, publishers):
+    """Two inboxes on one channel (``--api-server-count 2``) and one worker:
+    a record goes to the inbox whose tag its key carries; a key without a
+    well-formed tag goes to the channel address itself (offline capture)."""
+
+    async def scenario():
+        first, second = CaptureInbox(address, tag="1f"), CaptureInbox(address, tag="2e")
+        offline = CaptureReceiver(address)
+        for inbox in (first, second):
+            inbox.start()
+        try:
+            assert first.new_key().startswith("1f.") and first.address == f"{address}.1f"
+            publisher = publishers(address)
+            for i in range(4):
+                publisher.publish(_record(i, "1f" if i % 2 == 0 else "2e"))
+            forged = msgspec.structs.replace(_record(9), key="../../x.0123")
+            publisher.publish(forged)
+            await _until(lambda: first.received + second.received == 4)
+            got_first = [await first.wait_for(key(i, "1f"), 0.05) for i in range(4)]
+            got_second = [await second.wait_for(key(i, "2e"), 0.05) for i in range(4)]
+            return got_first, got_second, offline.receive(2000), first.received, second.received
+        finally:
+            first.close()
+            second.close()
+            offline.close()
+
+    got_first, got_second, stray, n_first, n_second = asyncio.run(scenario())
+    assert [r is not None for r in got_first] == [True, False, True, False]
+    assert [r is not None for r in got_second] == [False, True, False, True]
+    assert n_first == n_second == 2
+    assert stray is not None and stray.key == "../../x.0123"

@@ -10,16 +10,24 @@ are dropped and counted.
 The address travels in the ``channel`` setting, ``PAMER_CHANNEL`` (inherited
 by the engine processes); ``ensure_channel_address`` picks a fresh ipc path in the first
 process that loads the plugin.
+
+Under ``--api-server-count N`` each API process binds an address of its own,
+the channel address plus its tag, and its capture keys start with that tag
+(``CaptureInbox.new_key``): the worker pushes each record to the process that
+sent the request (vLLM routes only the engine's outputs back to their API
+process, ``client_index``; the worker never sees which one it was).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
 import tempfile
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -35,6 +43,18 @@ CHANNEL_ENV = Settings.env_name("channel")
 CAPTURE_KEY = "pamer_capture"
 """``SamplingParams.extra_args`` key that names a request's capture."""
 SESSION_KEY = "pamer_session"
+_TAGGED_KEY = re.compile(r"([0-9a-f]{1,16})\.[0-9a-f]{32}")
+"""A capture key of an API process: its tag, a dot, a random uuid."""
+MAX_PUSH_SOCKETS = 64
+"""Reply addresses a worker keeps connected (API processes, with restarts)."""
+
+
+def reply_address(channel: str, key: str | None) -> str:
+    """Where the record of ``key`` goes: the channel address plus the key's
+    tag, or the channel address itself (offline capture, untagged keys). The
+    tag is checked, so a key can name no address outside the channel's."""
+    match = _TAGGED_KEY.fullmatch(key or "")
+    return f"{channel}.{match.group(1)}" if match else channel
 
 
 class CaptureRecord(msgspec.Struct, array_like=True):
@@ -85,7 +105,8 @@ def ensure_channel_address() -> str:
 
 
 class CapturePublisher:
-    """Worker side: non-blocking PUSH of capture records."""
+    """Worker side: non-blocking PUSH of capture records, one socket per
+    reply address (``reply_address``), the least recently used closed first."""
 
     def __init__(self, address: str | None = None, high_water_mark: int = 10_000) -> None:
         import zmq
@@ -93,19 +114,27 @@ class CapturePublisher:
         self.address = address or os.environ.get(CHANNEL_ENV)
         self.dropped = 0
         self._zmq = zmq
-        self._socket: zmq.SyncSocket | None = None
-        if self.address:
-            self._socket = zmq.Context.instance().socket(zmq.PUSH)
-            self._socket.setsockopt(zmq.SNDHWM, high_water_mark)
-            self._socket.setsockopt(zmq.LINGER, 0)
-            self._socket.connect(self.address)
+        self._high_water_mark = high_water_mark
+        self._sockets: OrderedDict[str, zmq.SyncSocket] = OrderedDict()
+
+    def _socket(self, address: str) -> zmq.SyncSocket:
+        socket = self._sockets.pop(address, None)
+        if socket is None:
+            socket = self._zmq.Context.instance().socket(self._zmq.PUSH)
+            socket.setsockopt(self._zmq.SNDHWM, self._high_water_mark)
+            socket.setsockopt(self._zmq.LINGER, 0)
+            socket.connect(address)
+            while len(self._sockets) >= MAX_PUSH_SOCKETS:
+                self._sockets.popitem(last=False)[1].close()
+        self._sockets[address] = socket
+        return socket
 
     def publish(self, record: CaptureRecord) -> None:
-        if self._socket is None:
+        if not self.address:
             self.dropped += 1
             return
         try:
-            self._socket.send(_encoder.encode(record), flags=self._zmq.NOBLOCK)
+            self._socket(reply_address(self.address, record.key)).send(_encoder.encode(record), flags=self._zmq.NOBLOCK)
         except self._zmq.Again:
             self.dropped += 1
 
@@ -150,10 +179,19 @@ class CaptureReceiver:
 
 class CaptureInbox:
     """API-server side: receives records and hands each to whoever waits for
-    its key. Unclaimed records expire (bounded memory)."""
+    its key. Unclaimed records expire (bounded memory). It binds the channel
+    address plus ``tag`` (this process's id by default)."""
 
-    def __init__(self, address: str, max_pending: int = 4096) -> None:
-        self.address = address
+    def __init__(
+        self,
+        channel: str,
+        max_pending: int = 4096,
+        tag: str | None = None,
+        on_record: Callable[[CaptureRecord], None] | None = None,
+    ) -> None:
+        self.tag = tag or f"{os.getpid():x}"
+        self.on_record = on_record
+        self.address = reply_address(channel, self.new_key())
         self.max_pending = max_pending
         self.received = 0
         self._records: OrderedDict[str, tuple[float, CaptureRecord]] = OrderedDict()
@@ -174,6 +212,10 @@ class CaptureInbox:
         self._socket.bind(self.address)
         self._task = asyncio.get_running_loop().create_task(self._receive_forever(self._socket))
 
+    def new_key(self) -> str:
+        """A fresh capture key whose record comes back to this inbox."""
+        return f"{self.tag}.{uuid.uuid4().hex}"
+
     async def _receive_forever(self, socket: zmq.asyncio.Socket) -> None:
         while True:
             payload = await socket.recv()
@@ -182,6 +224,8 @@ class CaptureInbox:
             except msgspec.DecodeError:
                 continue
             self.received += 1
+            if self.on_record is not None:
+                self.on_record(record)
             if record.key is None:
                 continue
             waiter = self._waiters.pop(record.key, None)
@@ -215,3 +259,8 @@ class CaptureInbox:
             self._task.cancel()
         if self._socket is not None:
             self._socket.close()
+        if self.address.startswith("ipc://"):
+            try:
+                os.unlink(self.address[len("ipc://") :])
+            except OSError:
+                pass

@@ -18,6 +18,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def healthy(base_url: str) -> bool:
+    """``GET /health`` answers 200."""
+    import httpx
+
+    try:
+        return httpx.get(base_url + "/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 class ServerProcess:
     """``vllm-pamer serve`` in a child process (its own process group)."""
 
@@ -33,7 +43,6 @@ class ServerProcess:
         )
 
     def wait_ready(self, timeout: float = 900.0, progress: bool = True) -> None:
-        import httpx
         from tqdm import tqdm
 
         deadline = time.monotonic() + timeout
@@ -43,11 +52,8 @@ class ServerProcess:
                     raise RuntimeError(
                         f"server exited with {self.proc.returncode}; see {self.log_path}:\n{self.tail()}"
                     )
-                try:
-                    if httpx.get(self.base_url + "/health", timeout=2).status_code == 200:
-                        return
-                except httpx.HTTPError:
-                    pass
+                if healthy(self.base_url):
+                    return
                 time.sleep(1)
                 bar.update(1)
         raise TimeoutError(f"server not ready after {timeout:.0f} s; see {self.log_path}")
@@ -70,4 +76,41 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
+        self._log.close()
+
+
+class RouterProcess:
+    """vLLM's router (PyPI ``vllm-router``) in front of ``worker_urls``,
+    hashing each session to a replica (``X-Session-ID``), with a health check
+    every second so a dead replica's sessions move within seconds."""
+
+    def __init__(self, worker_urls: list[str], log_path: Path, port: int | None = None) -> None:
+        executable = Path(sys.executable).with_name("vllm-router")
+        if not executable.exists():
+            raise FileNotFoundError(f"{executable}: pip install 'vllm-pamer[router]'")
+        self.port = port or free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self._log = open(log_path, "w")  # noqa: SIM115 - the child writes it until stop()
+        cmd = [
+            str(executable),
+            *("--host", "127.0.0.1", "--port", str(self.port), "--worker-urls", *worker_urls),
+            *("--policy", "consistent_hash", "--prometheus-port", str(free_port())),
+            *("--health-check-interval-secs", "1", "--health-failure-threshold", "1"),
+        ]
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            if healthy(self.base_url):
+                return
+            time.sleep(1)
+        self.stop()
+        raise RuntimeError(f"the router did not start; see {self.log_path}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
         self._log.close()

@@ -56,8 +56,9 @@ OPTIONS_BY_POLICY = {
 }
 
 
-def start_pamer_server(heads, store_path, log_path):
-    """``vllm-pamer serve`` of the default model with PaMER as the default policy."""
+def start_pamer_server(heads, store_path, log_path, extra_args=(), port=None, env=None):
+    """``vllm-pamer serve`` of the default model with PaMER as the default policy;
+    ``store_path``: a SQLite file or a ``postgresql://`` URL."""
     import json
 
     server = ServerProcess(
@@ -74,10 +75,11 @@ def start_pamer_server(heads, store_path, log_path):
             str(heads),
             "--enforce-eager",
             "--enable-prompt-tokens-details",  # cached tokens per response
+            *extra_args,
         ],
-        None,
+        port,
         log_path,
-        env={"PAMER_STORE": str(store_path)},
+        env={"PAMER_STORE": str(store_path), **(env or {})},
     )
     try:
         server.wait_ready(timeout=600, progress=False)

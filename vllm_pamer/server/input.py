@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -193,7 +192,7 @@ def outgoing(
     chat.own_tools = offered_tools(outcome.extra_tools, body, client_tools, report, auto_tools)
     if chat.own_tools:
         body["tools"] = list(client_tools) + chat.own_tools
-    capture_key = uuid.uuid4().hex
+    capture_key = state.inbox.new_key()
     body["vllm_xargs"] = {**chat.xargs, CAPTURE_KEY: capture_key, SESSION_KEY: chat.session_id or ""}
     body["messages"] = state.render(outcome.messages)
     try:

@@ -4,6 +4,11 @@ from prometheus_client import Counter
 
 REQUESTS = Counter("vllm_pamer_requests", "Chat requests seen by the plugin", ["policy", "action"])
 CAPTURES = Counter("vllm_pamer_captures", "Prefill states captured and delivered")
+CAPTURE_RECORDS = Counter(
+    "vllm_pamer_capture_records",
+    "Capture records the API processes received from the workers: one per prompt the engine prefilled "
+    "(the plugin's own requests included)",
+)
 MISSED_CAPTURES = Counter("vllm_pamer_missed_captures", "Responses whose capture record did not arrive in time")
 PROMPT_TOKENS_REMOVED = Counter(
     "vllm_pamer_prompt_tokens_removed", "Prompt tokens removed by rewrites (before minus after, when positive)"

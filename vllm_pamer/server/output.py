@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -45,6 +46,9 @@ class PamerReport(msgspec.Struct):
     schedule: dict[str, Any] | None = None
     """What the compaction schedule saw and did: budget, band, sent tokens,
     trigger, cache-break tokens, KV usage (None: the policy has no schedule)."""
+    api_process: int = msgspec.field(default_factory=os.getpid)
+    """The id of the API-server process that served the request (vLLM runs
+    several under ``--api-server-count``)."""
     messages_sent: list[dict[str, Any]] | None = None
     """The rewritten messages, only when asked for (``X-Pamer-Echo: 1`` or
     ``"pamer_echo": true``): what the policy sent, before tools-as-text rendering."""

@@ -144,7 +144,7 @@ async def session_info(session_id: str, raw_request: Request) -> Response:
         key = state.access.session_key(raw_request.headers, check_session_id(session_id))
     except BadSessionId as exc:
         return error_response(400, str(exc))
-    session = state.sessions.get(key)
+    session = await state.peek_session(key)
     loaded = await state.store.load(key)
     if session is None and not loaded.memories:
         return error_response(404, f"no session {session_id!r}")

@@ -145,7 +145,7 @@ class VllmEngineServices:
             return await self.embedder.embed(text)
         tokenizer = self.counter.tokenizer
         ids = tokenizer.encode(text, add_special_tokens=False)[-(self.max_model_len - 2) :] or [0]
-        key = uuid.uuid4().hex
+        key = self.inbox.new_key()
         params = internal_sampling_params(1, {CAPTURE_KEY: key, SESSION_KEY: ""})
         await self._run(ids, params, "embed")
         record = await self.inbox.wait_for(key, self.capture_wait_s)

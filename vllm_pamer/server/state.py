@@ -17,6 +17,7 @@ from vllm_pamer.core.render import render_tools_as_text, template_supports_tools
 from vllm_pamer.core.store import StoreError
 from vllm_pamer.core.tokens import TokenCounter
 from vllm_pamer.embedders import DEFAULT_EMBEDDER, make_embedder
+from vllm_pamer.server import metrics
 from vllm_pamer.server.access import Access
 from vllm_pamer.server.services import VllmEngineServices
 from vllm_pamer.server.sessions import SessionRegistry, SessionState
@@ -37,7 +38,7 @@ class ServerState:
         self.access = Access(keys, key_check(keys), settings)
         self.sessions = SessionRegistry()
         self.api_processes = int(getattr(args, "api_server_count", None) or 1)
-        self.inbox = CaptureInbox(ensure_channel_address())
+        self.inbox = CaptureInbox(ensure_channel_address(), on_record=lambda _: metrics.CAPTURE_RECORDS.inc())
         self.has_heads = bool(settings.heads)
         self._policies: dict[str, MemoryPolicy] = {}
         self.default_policy = self.policy(settings.default_policy, settings.policy_options)
@@ -97,20 +98,28 @@ class ServerState:
         process's when it is newer: read when this process has none (a restart,
         a failover) and on every request where others write it too (a shared
         store, several API processes)."""
+        return self.sessions.touch(key, await self._newer_stored(key, self.sessions.get(key)))
+
+    async def peek_session(self, key: str) -> SessionState | None:
+        """The session's newest state without marking it used (the session route)."""
         known = self.sessions.get(key)
-        newer = None
-        if known is None or self.store.shared or self.api_processes > 1:
-            try:
-                stored = await self.store.session_state(key)
-            except StoreError:
-                logger.warning("vllm-pamer: reading the state of a session failed", exc_info=True)
-                stored = None
-            if stored is not None and (known is None or stored[1] > known.updated):
-                try:
-                    newer = SessionState.decode(stored[0])
-                except msgspec.DecodeError:
-                    logger.warning("vllm-pamer: a stored session state does not decode; ignored")
-        return self.sessions.touch(key, newer)
+        return await self._newer_stored(key, known) or known
+
+    async def _newer_stored(self, key: str, known: SessionState | None) -> SessionState | None:
+        if known is not None and not (self.store.shared or self.api_processes > 1):
+            return None
+        try:
+            stored = await self.store.session_state(key)
+        except StoreError:
+            logger.warning("vllm-pamer: reading the state of a session failed", exc_info=True)
+            return None
+        if stored is None or (known is not None and stored[1] <= known.updated):
+            return None
+        try:
+            return SessionState.decode(stored[0])
+        except msgspec.DecodeError:
+            logger.warning("vllm-pamer: a stored session state does not decode; ignored")
+            return None
 
     async def on_capture(self, key: str, session: SessionState | None, policy: MemoryPolicy) -> CaptureRecord | None:
         """Wait for a request's capture; file its vote on the session and let

@@ -43,6 +43,7 @@ CREATE TABLE IF NOT EXISTS raw_blocks (
     messages TEXT NOT NULL,
     PRIMARY KEY (session, block_id)
 );
+CREATE INDEX IF NOT EXISTS raw_blocks_memory ON raw_blocks(memory_id);
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     session TEXT,
