@@ -307,6 +307,20 @@ def test_after_a_restart_the_same_memories_are_shown(store):
     assert again.messages == before.messages
 
 
+def test_two_processes_show_what_the_last_compaction_of_either_chose(store):
+    """Two API processes (or replicas) serve one session in turns: after one
+    compacts, the other shows the same memories as the one that compacted,
+    not the choice it remembers from before."""
+    first, second = Session(store), Session(store)
+    for n in range(2, 20):
+        server = first if n % 2 else second
+        out = server.send(conversation(n), vote=COMPRESS if n % 3 == 0 else KEEP)
+        if out.action == "compressed":
+            other = second if server is first else first
+            assert other.send(conversation(n)).messages == out.messages
+    assert len(blocking(store).load("s1").memories) >= 2
+
+
 # -- the record ----------------------------------------------------------------------------------
 
 

@@ -195,10 +195,13 @@ class BudgetSchedule:
         self, session: str, searchable: list[Memory], store: MemoryStore, budget_chars: int
     ) -> tuple[int, ...]:
         """The memories chosen at the last compaction; after a restart, the
-        ones its event named, else the newest that fit."""
+        ones its event named, else the newest that fit. A compaction always
+        shows its new memory: a newer memory than this process's choice holds
+        means another API process or replica compacted since, so its event
+        names the choice."""
         by_id = {m.id for m in searchable}
         ids = self._shown.get(session)
-        if ids is None and searchable:
+        if searchable and (ids is None or max(by_id) not in ids):
             events = await store.events(session, limit=50)
             logged = [e["detail"].get("shown") for e in events if e["kind"] == "compressed"]
             ids = tuple(logged[-1]) if logged and logged[-1] is not None else None
