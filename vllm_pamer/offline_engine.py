@@ -42,17 +42,19 @@ def _set_environ(values: Mapping[str, str | None]) -> None:
             os.environ[k] = v
 
 
+GENERATIVE_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
+"""How Hugging Face names the architectures that compute logits (a pooling
+model, ``...Model`` or ``...ForSequenceClassification``, samples nothing to capture)."""
+
+
 def check_architecture(model: str | Path) -> None:
-    """Refuse a model whose architecture has no capturing class (no state would come back)."""
+    """Refuse a model that computes no logits: no state would come back (any
+    generative architecture is captured, ``adapters/vllm_0_32/models.py``)."""
     from transformers import AutoConfig
 
-    from vllm_pamer.adapters.worker import CAPTURING_MODELS
-
     architectures = getattr(AutoConfig.from_pretrained(str(model)), "architectures", None) or []
-    if not any(a in CAPTURING_MODELS for a in architectures):
-        raise CaptureError(
-            f"{model}: architecture {architectures} has no capturing class (supported: {', '.join(CAPTURING_MODELS)})"
-        )
+    if not any(a.endswith(GENERATIVE_SUFFIXES) for a in architectures):
+        raise CaptureError(f"{model}: architecture {architectures} is not generative; nothing would be captured")
 
 
 class CaptureEngine:

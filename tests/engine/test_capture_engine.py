@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.engine.tiny_models import build_tiny_model, hf_last_token_states
+from tests.engine.tiny_models import ARCHITECTURES, build_tiny_model, hf_last_token_states
 from vllm_pamer.channel import CAPTURE_KEY, CHANNEL_ENV, CaptureReceiver
 from vllm_pamer.core.heads import load_heads, random_heads, save_heads
 from vllm_pamer.kernels import five_head_vote_reference
@@ -137,8 +137,11 @@ def _check_states(records, keys, prompts, model_dir):
         assert cosine >= 0.999, f"prompt of {len(prompt)} tokens: cosine {cosine:.5f}"
 
 
-@pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
-def test_qwen_architectures_capture(kind, tmp_path, tokenizer_dir):
+@pytest.mark.parametrize("kind", [kind for kind in ARCHITECTURES if kind != "llama"])
+def test_every_architecture_is_captured(kind, tmp_path, tokenizer_dir):
+    """Each architecture (besides Llama, above): one capture per request, the
+    HF final-norm state, prompts over several prefill chunks. No code of the
+    plugin names an architecture: the capture sits at ``compute_logits``."""
     llm, collector, model_dir, heads = start_tiny_engine(kind, tmp_path, tokenizer_dir)
     try:
         prompts = _prompts(heads.fingerprint.vocab_size, [9, CHUNK + 40, 3 * CHUNK + 5], seed=3)

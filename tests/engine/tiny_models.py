@@ -7,19 +7,25 @@ from pathlib import Path
 
 import torch
 
+ARCHITECTURES: dict[str, dict] = {
+    # kind (a transformers model type) -> what it needs beyond the common config
+    "llama": {},
+    "qwen2": {},
+    "qwen3": {"head_dim": 64},  # CPU attention needs head_dim 64+
+    "qwen3_moe": {"head_dim": 64, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64},
+    "mistral": {"head_dim": 64, "sliding_window": None},
+    "gemma2": {"head_dim": 64, "query_pre_attn_scalar": 64, "sliding_window": 512},
+    "phi3": {"pad_token_id": 0},
+    "granite": {},
+    "olmo2": {},
+}
+"""The architectures the capture tests build (``tests/engine/test_capture_engine.py``)."""
+
 
 def build_tiny_model(kind: str, out_dir: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
-    """A 2-layer model of architecture ``kind`` (llama, qwen2, qwen3), fp32,
-    with the tokenizer of ``tokenizer_dir``."""
-    from transformers import (
-        AutoTokenizer,
-        LlamaConfig,
-        LlamaForCausalLM,
-        Qwen2Config,
-        Qwen2ForCausalLM,
-        Qwen3Config,
-        Qwen3ForCausalLM,
-    )
+    """A 2-layer model of architecture ``kind`` (a key of ``ARCHITECTURES``),
+    fp32, with the tokenizer of ``tokenizer_dir``."""
+    from transformers import CONFIG_MAPPING, AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     common = dict(
@@ -34,14 +40,9 @@ def build_tiny_model(kind: str, out_dir: Path, tokenizer_dir: Path, seed: int = 
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
     )
-    config_cls, model_cls = {
-        "llama": (LlamaConfig, LlamaForCausalLM),
-        "qwen2": (Qwen2Config, Qwen2ForCausalLM),
-        "qwen3": (Qwen3Config, Qwen3ForCausalLM),
-    }[kind]
-    extra = {"head_dim": 64} if kind == "qwen3" else {}  # CPU attention needs 64+
+    config = CONFIG_MAPPING[kind](**{**common, **ARCHITECTURES[kind]})
     torch.manual_seed(seed)
-    model = model_cls(config_cls(**common, **extra)).to(torch.float32)
+    model = AutoModelForCausalLM.from_config(config).to(torch.float32)
     # random init has tiny norms; spread the weights so states are not degenerate
     with torch.no_grad():
         for param in model.parameters():

@@ -1,9 +1,13 @@
-"""vLLM 0.32: capturing model classes, registered over vLLM's own for their
-architectures (``registration.py``).
+"""vLLM 0.32: capture for any generative architecture.
 
-Each class is vLLM's model with one change: ``compute_logits`` first hands its
-input rows (the final-norm states vLLM computes for sampling) to the worker's
-capture. Nothing else in the forward pass changes, and no extra pass runs.
+vLLM hands the runner's sampling rows (the final-norm states of the positions
+it samples from, ``hidden_states[logits_indices]``) to the model's
+``compute_logits``: that call is the seam, the same in the V1 runner and in
+Model Runner V2. ``capturing(cls)`` makes, once per model class, a subclass
+whose ``compute_logits`` first hands those rows to the worker's capture;
+``registration.py`` returns it wherever vLLM resolves an architecture, so every
+model vLLM serves is captured, its own classes and out-of-tree ones alike.
+Nothing else in the forward pass changes, and no extra pass runs.
 """
 
 from __future__ import annotations
@@ -11,9 +15,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from vllm.model_executor.models.llama import LlamaForCausalLM
-from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
-from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
 
 from vllm_pamer.adapters.vllm_0_32.worker_v1 import capture_rank, install_runner_hook
 from vllm_pamer.core.heads import ModelFingerprint
@@ -40,19 +41,22 @@ class _CaptureMixin:
         return super().compute_logits(hidden_states, *args, **kwargs)  # type: ignore[misc]
 
 
-class PamerLlamaForCausalLM(_CaptureMixin, LlamaForCausalLM):
-    def __init__(self, *, vllm_config: Any, prefix: str = "", **kwargs: Any) -> None:
-        super().__init__(vllm_config=vllm_config, prefix=prefix, **kwargs)
-        self._init_capture(vllm_config)
+_CAPTURING: dict[type, type] = {}
 
 
-class PamerQwen2ForCausalLM(_CaptureMixin, Qwen2ForCausalLM):
-    def __init__(self, *, vllm_config: Any, prefix: str = "", **kwargs: Any) -> None:
-        super().__init__(vllm_config=vllm_config, prefix=prefix, **kwargs)
-        self._init_capture(vllm_config)
+def capturing(cls: type) -> type:
+    """``cls`` with capture, or ``cls`` itself when it computes no logits (a
+    pooling model) or already captures."""
+    if not callable(getattr(cls, "compute_logits", None)) or issubclass(cls, _CaptureMixin):
+        return cls
+    if cls not in _CAPTURING:
 
+        def init(self: Any, *args: Any, vllm_config: Any, **kwargs: Any) -> None:
+            cls.__init__(self, *args, vllm_config=vllm_config, **kwargs)  # type: ignore[call-arg]
+            self._init_capture(vllm_config)
 
-class PamerQwen3ForCausalLM(_CaptureMixin, Qwen3ForCausalLM):
-    def __init__(self, *, vllm_config: Any, prefix: str = "", **kwargs: Any) -> None:
-        super().__init__(vllm_config=vllm_config, prefix=prefix, **kwargs)
-        self._init_capture(vllm_config)
+        name = f"Pamer{cls.__name__}"
+        made = type(name, (_CaptureMixin, cls), {"__init__": init, "__qualname__": name})
+        globals()[name] = made  # found by name, as pickle and torch.compile's caches look classes up
+        _CAPTURING[cls] = made
+    return _CAPTURING[cls]

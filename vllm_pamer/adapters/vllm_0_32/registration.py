@@ -1,19 +1,16 @@
 """vLLM 0.32: what the general plugin does in every vLLM process (API server,
 EngineCore, workers), so only re-entrant, light things: pick the V1 model
-runner where vLLM would pick V2 (the capture hooks V1), and register the
-capturing model classes by name (``models.py`` is imported by the worker
-that builds the model, not here)."""
+runner where vLLM would pick V2 (the step view hooks V1), and make vLLM's model
+registry resolve every architecture to its capturing class (``models.py``,
+imported when an architecture is resolved, by then vLLM has loaded torch)."""
 
 from __future__ import annotations
 
+import functools
 import os
+from typing import Any
 
-CAPTURING_MODELS = {
-    "LlamaForCausalLM": "PamerLlamaForCausalLM",
-    "Qwen2ForCausalLM": "PamerQwen2ForCausalLM",
-    "Qwen3ForCausalLM": "PamerQwen3ForCausalLM",
-}
-"""Architecture -> our capturing class in ``models.py``."""
+_HOOK_FLAG = "_vllm_pamer_capturing"
 
 
 def register() -> None:
@@ -21,5 +18,16 @@ def register() -> None:
 
     # Model Runner V2 (the GPU default when Triton is present) is not hooked yet.
     os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
-    for arch, cls in CAPTURING_MODELS.items():
-        ModelRegistry.register_model(arch, f"vllm_pamer.adapters.vllm_0_32.models:{cls}")
+    original = ModelRegistry.resolve_model_cls
+    if getattr(original, _HOOK_FLAG, False):
+        return
+
+    @functools.wraps(original)
+    def resolve_model_cls(*args: Any, **kwargs: Any) -> tuple[type, str]:
+        from vllm_pamer.adapters.vllm_0_32.models import capturing
+
+        cls, arch = original(*args, **kwargs)
+        return capturing(cls), arch
+
+    setattr(resolve_model_cls, _HOOK_FLAG, True)
+    ModelRegistry.resolve_model_cls = resolve_model_cls
