@@ -21,11 +21,22 @@ from vllm_pamer.core.heads import ModelFingerprint
 from vllm_pamer.worker.capture import WorkerCapture, init_worker_capture
 
 
+class UnsupportedRunner(RuntimeError):
+    """The engine runs a model runner the plugin has no adapter for."""
+
+
 class _CaptureMixin:
     _pamer_capture: WorkerCapture | None
 
     def _init_capture(self, vllm_config: Any) -> None:
         self._pamer_capture = None
+        if getattr(vllm_config, "use_v2_model_runner", False):
+            # the step view hooks the V1 runner: under V2 every response would say captured: false
+            raise UnsupportedRunner(
+                "vllm-pamer's adapter for vLLM 0.32 captures with the V1 model runner, and this engine runs "
+                "Model Runner V2 (VLLM_USE_V2_MODEL_RUNNER=1, or a feature that needs it); start it with "
+                "VLLM_USE_V2_MODEL_RUNNER=0, or serve without the plugin (vllm-pamer serve --pamer-off)"
+            )
         if capture_rank():
             model_config = vllm_config.model_config
             fingerprint = ModelFingerprint.from_hf_config(
