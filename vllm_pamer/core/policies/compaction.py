@@ -194,11 +194,8 @@ class BudgetSchedule:
     async def _shown_ids(
         self, session: str, searchable: list[Memory], store: MemoryStore, budget_chars: int
     ) -> tuple[int, ...]:
-        """The memories chosen at the last compaction; after a restart, the
-        ones its event named, else the newest that fit. A compaction always
-        shows its new memory: a newer memory than this process's choice holds
-        means another API process or replica compacted since, so its event
-        names the choice."""
+        """What the last compaction chose (its event's, where another process
+        made it: its new memory is not in ours), else the newest that fit."""
         by_id = {m.id for m in searchable}
         ids = self._shown.get(session)
         if searchable and (ids is None or max(by_id) not in ids):
