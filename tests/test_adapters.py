@@ -3,6 +3,7 @@ and the loud refusal of a model runner it cannot hook."""
 
 from __future__ import annotations
 
+import inspect
 from types import SimpleNamespace
 
 import pytest
@@ -27,6 +28,8 @@ class Pooling(torch.nn.Module):
 
 def test_every_generative_class_gets_one_capturing_subclass_and_pooling_none():
     made = capturing(Generative)
+    # vLLM passes vllm_config and prefix by keyword only to a class whose signature names both
+    assert {"vllm_config", "prefix"} <= set(inspect.signature(made.__init__).parameters)
     assert issubclass(made, Generative) and made.__name__ == "PamerGenerative"
     assert capturing(Generative) is made and capturing(made) is made
     assert capturing(Pooling) is Pooling

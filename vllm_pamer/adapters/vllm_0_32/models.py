@@ -62,8 +62,9 @@ def capturing(cls: type) -> type:
         return cls
     if cls not in _CAPTURING:
 
-        def init(self: Any, *args: Any, vllm_config: Any, **kwargs: Any) -> None:
-            cls.__init__(self, *args, vllm_config=vllm_config, **kwargs)  # type: ignore[call-arg]
+        # vLLM reads the signature: ``vllm_config`` and ``prefix`` by keyword
+        def init(self: Any, *, vllm_config: Any, prefix: str = "", **kwargs: Any) -> None:
+            cls.__init__(self, vllm_config=vllm_config, prefix=prefix, **kwargs)  # type: ignore[call-arg]
             self._init_capture(vllm_config)
 
         name = f"Pamer{cls.__name__}"
