@@ -61,7 +61,6 @@ def capturing(cls: type) -> type:
     if not callable(getattr(cls, "compute_logits", None)) or issubclass(cls, _CaptureMixin):
         return cls
     if cls not in _CAPTURING:
-
         # vLLM reads the signature: ``vllm_config`` and ``prefix`` by keyword
         def init(self: Any, *, vllm_config: Any, prefix: str = "", **kwargs: Any) -> None:
             cls.__init__(self, vllm_config=vllm_config, prefix=prefix, **kwargs)  # type: ignore[call-arg]
