@@ -205,10 +205,13 @@ def _until_answered(server: Any, history: list[dict], session: str, timeout: flo
 def run_failover(heads: Path, store_url: str, trajectory: dict, steps: int, workdir: Path) -> FailoverResult:
     session = "failover"
     history = [h for _, h in list(agent_requests(trajectory["messages"]))[:steps]]
-    replicas = [start_pamer_server(heads, store_url, workdir / f"replica-{i}.log", port=free_port()) for i in range(2)]
-    router = RouterProcess([r.base_url for r in replicas], workdir / "router.log")
+    replicas: list[ServerProcess] = []
+    router = None
     store = open_store(store_url)
     try:
+        for i in range(2):
+            replicas.append(start_pamer_server(heads, store_url, workdir / f"replica-{i}.log", port=free_port()))
+        router = RouterProcess([r.base_url for r in replicas], workdir / "router.log")
         router.wait_ready()
         before: list[dict[str, Any]] = []
         while len(before) < len(history) and not blocking(store).load(session).memories:
@@ -224,7 +227,8 @@ def run_failover(heads: Path, store_url: str, trajectory: dict, steps: int, work
             except Exception:
                 break
     finally:
-        router.stop()
+        if router is not None:
+            router.stop()
         for replica in replicas:
             replica.stop()
     memories = blocking(store).load(session).memories

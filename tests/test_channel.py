@@ -240,3 +240,12 @@ def test_each_api_process_gets_the_records_of_its_own_keys(address, publishers):
     assert [r is not None for r in got_second] == [False, True, False, True]
     assert n_first == n_second == 2
     assert stray is not None and stray.key == "../../x.0123"
+
+
+def test_a_key_naming_an_unbound_process_is_dropped_not_queued(address, publishers):
+    """A forged or stale tag (no API process binds its address): the record is
+    dropped and counted, no socket is opened, nothing queues in the worker."""
+    publisher = publishers(address)
+    publisher.publish(_record(0, "dead"))
+    publisher.publish(msgspec.structs.replace(_record(1), key=None))  # wanted by nobody: not sent
+    assert publisher.dropped == 1 and publisher._sockets == {}

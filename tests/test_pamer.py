@@ -452,3 +452,16 @@ def test_text_query_source_embeds_task_and_recent_even_with_a_state(store):
     )
     assert outcome.action == "recalled" and "captured" not in outcome.detail
     assert len(services.embedded) == 1 and services.embedded[0].startswith("user: Task: fix ID-task")
+
+
+def test_a_stored_session_state_replaces_only_an_older_one():
+    from vllm_pamer.server.sessions import SessionRegistry, SessionState
+
+    registry = SessionRegistry()
+    local = registry.touch("s")
+    local.updated, local.captures = 10.0, 3
+    older = SessionState("s", captures=1, updated=5.0)
+    assert registry.touch("s", SessionState.decode(older.encode())).captures == 3  # a capture came meanwhile
+    newer = SessionState("s", captures=7, updated=20.0)
+    assert registry.touch("s", SessionState.decode(newer.encode())).captures == 7
+    assert registry.touch("other", newer).session_id == "other"  # another session's state is never taken

@@ -338,3 +338,21 @@ def test_a_store_of_the_second_schema_is_carried_over(tmp_path):
     assert len(blocking(reopened).load("a").memories) == 1 and not reopened.reset_events
     blocking(reopened).save_session_state("a", b"state", 1.0)
     assert blocking(reopened).session_state("a") == (b"state", 1.0)
+
+
+def test_a_busy_database_is_never_taken_for_a_corrupt_one(tmp_path):
+    """Another process holds the write lock while a server opens the file (API
+    processes starting together): the open fails after SQLite's busy wait,
+    and the live file is not set aside."""
+    path = tmp_path / "m.sqlite3"
+    commit(SqliteStore(path), "a")
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            SqliteStore(path)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert not [name for name in tmp_path.iterdir() if "corrupt" in name.name]
+    assert len(blocking(SqliteStore(path)).load("a").memories) == 1

@@ -51,10 +51,11 @@ MAX_PUSH_SOCKETS = 64
 
 def reply_address(channel: str, key: str | None) -> str:
     """Where the record of ``key`` goes: the channel address plus the key's
-    tag, or the channel address itself (offline capture, untagged keys). The
-    tag is checked, so a key can name no address outside the channel's."""
+    tag, or the channel address itself (offline capture, untagged keys, a
+    non-``ipc://`` channel, which has one receiving end). The tag is checked,
+    so a key can name no address outside the channel's."""
     match = _TAGGED_KEY.fullmatch(key or "")
-    return f"{channel}.{match.group(1)}" if match else channel
+    return f"{channel}.{match.group(1)}" if match and channel.startswith("ipc://") else channel
 
 
 class CaptureRecord(msgspec.Struct, array_like=True):
@@ -117,9 +118,14 @@ class CapturePublisher:
         self._high_water_mark = high_water_mark
         self._sockets: OrderedDict[str, zmq.SyncSocket] = OrderedDict()
 
-    def _socket(self, address: str) -> zmq.SyncSocket:
+    def _socket(self, address: str) -> zmq.SyncSocket | None:
+        """The connected socket of ``address``; None for an ipc address that
+        nobody binds (a forged key, a stopped API process): its records would
+        queue in this worker until the high-water mark."""
         socket = self._sockets.pop(address, None)
         if socket is None:
+            if address != self.address and address.startswith("ipc://") and not os.path.exists(address[6:]):
+                return None
             socket = self._zmq.Context.instance().socket(self._zmq.PUSH)
             socket.setsockopt(self._zmq.SNDHWM, self._high_water_mark)
             socket.setsockopt(self._zmq.LINGER, 0)
@@ -130,12 +136,17 @@ class CapturePublisher:
         return socket
 
     def publish(self, record: CaptureRecord) -> None:
-        if not self.address:
+        """Send ``record`` to the API process that asked for it; a record
+        without a key is wanted by nobody and not sent."""
+        if record.key is None:
+            return
+        socket = self._socket(reply_address(self.address, record.key)) if self.address else None
+        if socket is None:
             self.dropped += 1
             return
         try:
-            self._socket(reply_address(self.address, record.key)).send(_encoder.encode(record), flags=self._zmq.NOBLOCK)
-        except self._zmq.Again:
+            socket.send(_encoder.encode(record), flags=self._zmq.NOBLOCK)
+        except self._zmq.ZMQError:  # a full queue (Again) or a broken endpoint: never fail the step
             self.dropped += 1
 
 

@@ -129,7 +129,7 @@ async def read_chat(body: dict[str, Any], raw_request: Request, state: ServerSta
         policy = state.policy(policy_name) if policy_name else state.default_policy
     except (UnknownPolicy, ValueError) as exc:
         raise InputError(str(exc)) from None
-    known = state.sessions.get(session_id) if session_id else None
+    known = await state.peek_session(session_id) if session_id else None  # another process's too
     try:
         state.access.check_policy(policy.name, known.policy if known is not None else None)
     except PolicyRefused as exc:

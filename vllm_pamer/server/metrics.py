@@ -6,8 +6,8 @@ REQUESTS = Counter("vllm_pamer_requests", "Chat requests seen by the plugin", ["
 CAPTURES = Counter("vllm_pamer_captures", "Prefill states captured and delivered")
 CAPTURE_RECORDS = Counter(
     "vllm_pamer_capture_records",
-    "Capture records the API processes received from the workers: one per prompt the engine prefilled "
-    "(the plugin's own requests included)",
+    "Capture records the API processes received from the workers: one per request that asked for one "
+    "(chat requests and the plugin's embedding requests)",
 )
 MISSED_CAPTURES = Counter("vllm_pamer_missed_captures", "Responses whose capture record did not arrive in time")
 PROMPT_TOKENS_REMOVED = Counter(

@@ -91,9 +91,10 @@ class SessionRegistry:
         return self._sessions.get(session_id)
 
     def touch(self, session_id: str, newer: SessionState | None = None) -> SessionState:
-        """The session's state, marked used; ``newer`` (from the store) replaces it."""
+        """The session's state, marked used; ``newer`` (from the store)
+        replaces it if it is newer still (a capture may have come meanwhile)."""
         state = self._sessions.pop(session_id, None)
-        if newer is not None and newer.session_id == session_id:
+        if newer is not None and newer.session_id == session_id and (state is None or newer.updated > state.updated):
             state = newer
         state = state or SessionState(session_id)
         state.last_seen = time.time()

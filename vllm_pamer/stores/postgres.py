@@ -28,6 +28,10 @@ from vllm_pamer.stores.sql import SCHEMA_VERSION, SqlStore
 
 logger = logging.getLogger("vllm_pamer.store")
 
+LOCK_TIMEOUT_MS = 10_000
+"""Longest wait for a row or a session's lock (another replica's commit)."""
+STATEMENT_TIMEOUT_MS = 30_000
+"""Longest statement."""
 _SCHEMA_LOCK = 0x70616D6572  # any constant: replicas starting together create the schema one at a time
 
 _SCHEMA = """
@@ -98,10 +102,21 @@ class PostgresStore(SqlStore):
 
     def _connect(self) -> psycopg.Connection[Any]:
         try:
-            conn = psycopg.connect(self.url, autocommit=True, connect_timeout=10, application_name="vllm-pamer")
+            conn = psycopg.connect(
+                self.url,
+                autocommit=True,
+                connect_timeout=10,
+                application_name="vllm-pamer",
+                # a stuck lock or statement fails the call (the request falls back) instead of the replica
+                options=f"-c lock_timeout={LOCK_TIMEOUT_MS} -c statement_timeout={STATEMENT_TIMEOUT_MS}",
+                keepalives=1,
+                keepalives_idle=30,
+            )
         except psycopg.Error as exc:
             raise StoreError(f"cannot reach the PostgreSQL store at {redacted(self.url)}: {exc}") from exc
         try:
+            if self._current(conn):  # a reconnect: no DDL, whose locks would queue behind the replicas' writes
+                return conn
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
                 conn.execute(_SCHEMA)
@@ -119,10 +134,22 @@ class PostgresStore(SqlStore):
                         f"the PostgreSQL store at {redacted(self.url)} has schema version {row[0]}, this "
                         f"vllm-pamer writes {SCHEMA_VERSION}: point PAMER_STORE at another database"
                     )
+        except psycopg.Error as exc:
+            conn.close()
+            raise StoreError(f"preparing the PostgreSQL store at {redacted(self.url)} failed: {exc}") from exc
         except BaseException:
             conn.close()
             raise
         return conn
+
+    @staticmethod
+    def _current(conn: psycopg.Connection[Any]) -> bool:
+        """The database holds this version's schema already."""
+        try:
+            row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        except psycopg.errors.UndefinedTable:
+            return False
+        return row is not None and row[0] == str(SCHEMA_VERSION)
 
     @property
     def shared(self) -> bool:
@@ -133,6 +160,10 @@ class PostgresStore(SqlStore):
 
     def _lock_session(self, session: str) -> None:
         self._execute("SELECT pg_advisory_xact_lock(hashtextextended(?, 0))", (session,))
+
+    def _try_lock_session(self, session: str) -> bool:
+        (locked,) = self._execute("SELECT pg_try_advisory_xact_lock(hashtextextended(?, 0))", (session,)).fetchone()
+        return bool(locked)
 
     def _ready(self) -> None:
         if self._conn.closed or self._conn.broken:

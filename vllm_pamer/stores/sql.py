@@ -67,6 +67,11 @@ class SqlStore(MemoryStore):
         """Inside a write transaction: keep other writers of ``session`` out
         until it ends (SQLite's ``BEGIN IMMEDIATE`` already keeps out all)."""
 
+    def _try_lock_session(self, session: str) -> bool:
+        """Like ``_lock_session`` without waiting: False when another writer
+        holds the session (retention then leaves it alone)."""
+        return True
+
     def _ready(self) -> None:
         """Before each call: reconnect a connection that was lost."""
 
@@ -225,18 +230,22 @@ class SqlStore(MemoryStore):
         if limits.idle_s:
             cutoff = now - limits.idle_s
             for (victim,) in self._execute("SELECT session FROM sessions WHERE last_used < ?", (cutoff,)).fetchall():
-                if victim != keep:
+                if victim != keep and self._try_lock_session(victim):
                     self._delete_session(victim, "idle")
             self._execute("DELETE FROM events WHERE time < ?", (cutoff,))
         memories, raw_bytes = self._totals()
+        busy: list[str] = [keep or ""]
         while memories + room[0] > limits.total_memories or raw_bytes + room[1] > limits.total_raw_bytes:
             row = self._execute(
-                "SELECT session, memories, raw_bytes FROM sessions WHERE last_used < ? AND session != ? "
-                "ORDER BY last_used LIMIT 1",
-                (now - limits.active_s, keep or ""),
+                "SELECT session, memories, raw_bytes FROM sessions WHERE last_used < ? AND memories > 0 "
+                f"AND session NOT IN ({','.join('?' * len(busy))}) ORDER BY last_used LIMIT 1",
+                (now - limits.active_s, *busy),
             ).fetchone()
             if row is None:
                 raise StoreError("the store is at its total caps and every session in it is active")
+            if not self._try_lock_session(row[0]):  # another replica is writing it: it is in use
+                busy.append(row[0])
+                continue
             self._delete_session(row[0], "least recently used")
             memories, raw_bytes = memories - row[1], raw_bytes - row[2]
         (events,) = self._execute("SELECT COUNT(*) FROM events").fetchone()

@@ -93,6 +93,8 @@ class SqliteStore(SqlStore):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             return self._connect()
+        except (sqlite3.OperationalError, sqlite3.IntegrityError):
+            raise  # a busy or racing database is not a corrupt one: never set a live file aside
         except sqlite3.DatabaseError as exc:
             # Corrupt file or foreign schema: keep it aside for inspection, start empty.
             aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
@@ -111,17 +113,27 @@ class SqliteStore(SqlStore):
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA foreign_keys=ON")
-            conn.executescript(_SCHEMA)
-            row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-            if row is None:
-                conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-            elif row[0] in ("1", "2"):  # v1 had no sessions table: the schema above made the current one
-                carry = _FROM_V1 if row[0] == "1" else _FROM_V2
-                conn.executescript(
-                    f"BEGIN; {carry} UPDATE meta SET value='{SCHEMA_VERSION}' WHERE key='schema_version'; COMMIT;"
-                )
-            elif row[0] != str(SCHEMA_VERSION):
-                raise sqlite3.DatabaseError(f"schema version {row[0]}, expected {SCHEMA_VERSION}")
+            # one transaction, so API processes opening the file at once create and carry it over once
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+                row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+                if row is None:
+                    conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+                elif row[0] in ("1", "2"):  # v1 had no sessions table: the schema above made the current one
+                    for statement in (_FROM_V1 if row[0] == "1" else _FROM_V2).split(";"):
+                        if statement.strip():
+                            conn.execute(statement)
+                    conn.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
+                elif row[0] != str(SCHEMA_VERSION):
+                    raise sqlite3.DatabaseError(f"schema version {row[0]}, expected {SCHEMA_VERSION}")
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
         except sqlite3.DatabaseError:
             conn.close()
             raise

@@ -28,8 +28,8 @@ class UnsupportedRunner(RuntimeError):
 class _CaptureMixin:
     _pamer_capture: WorkerCapture | None
 
-    def _init_capture(self, vllm_config: Any) -> None:
-        self._pamer_capture = None
+    @staticmethod
+    def _check_runner(vllm_config: Any) -> None:
         if getattr(vllm_config, "use_v2_model_runner", False):
             # the step view hooks the V1 runner: under V2 every response would say captured: false
             raise UnsupportedRunner(
@@ -37,6 +37,9 @@ class _CaptureMixin:
                 "Model Runner V2 (VLLM_USE_V2_MODEL_RUNNER=1, or a feature that needs it); start it with "
                 "VLLM_USE_V2_MODEL_RUNNER=0, or serve without the plugin (vllm-pamer serve --pamer-off)"
             )
+
+    def _init_capture(self, vllm_config: Any) -> None:
+        self._pamer_capture = None
         if capture_rank():
             model_config = vllm_config.model_config
             fingerprint = ModelFingerprint.from_hf_config(
@@ -63,6 +66,7 @@ def capturing(cls: type) -> type:
     if cls not in _CAPTURING:
         # vLLM reads the signature: ``vllm_config`` and ``prefix`` by keyword
         def init(self: Any, *, vllm_config: Any, prefix: str = "", **kwargs: Any) -> None:
+            self._check_runner(vllm_config)  # before the weights are built
             cls.__init__(self, vllm_config=vllm_config, prefix=prefix, **kwargs)  # type: ignore[call-arg]
             self._init_capture(vllm_config)
 

@@ -23,10 +23,13 @@ def register() -> None:
         return
 
     @functools.wraps(original)
-    def resolve_model_cls(*args: Any, **kwargs: Any) -> tuple[type, str]:
+    def resolve_model_cls(architectures: Any, model_config: Any) -> tuple[type, str]:
         from vllm_pamer.adapters.vllm_0_32.models import capturing
 
-        cls, arch = original(*args, **kwargs)
+        cls, arch = original(architectures, model_config=model_config)
+        # the served model only: a speculative drafter ("draft") or a pooling model samples nothing of ours
+        if getattr(model_config, "runner_type", "generate") != "generate":
+            return cls, arch
         return capturing(cls), arch
 
     setattr(resolve_model_cls, _HOOK_FLAG, True)

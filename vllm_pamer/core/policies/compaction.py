@@ -202,7 +202,7 @@ class BudgetSchedule:
             events = await store.events(session, limit=50)
             logged = [e["detail"].get("shown") for e in events if e["kind"] == "compressed"]
             ids = tuple(logged[-1]) if logged and logged[-1] is not None else None
-        if ids is None or any(i not in by_id for i in ids):
+        if ids is None or (by_id and max(by_id) not in ids) or any(i not in by_id for i in ids):
             ids = tuple(m.id for m in self._choose(searchable, None, budget_chars))
         self._shown[session] = ids
         return ids
