@@ -19,6 +19,7 @@ from vllm_pamer.core.pipeline import RewriteOutcome
 from vllm_pamer.core.policies import MemoryPolicy, UnknownPolicy
 from vllm_pamer.server.access import BadSessionId, PolicyRefused, check_session_id, header_text
 from vllm_pamer.server.output import PamerReport
+from vllm_pamer.server.sessions import SessionState
 from vllm_pamer.server.state import ServerState
 from vllm_pamer.server.tool_rounds import offered_tools
 
@@ -69,6 +70,9 @@ class ChatInput:
     """The policy's own tools offered on this request (set by ``outgoing``)."""
     session_name: str | None = None
     """The session id as the client sent it."""
+    stored_session: SessionState | None = None
+    """The session's state from the store where it is newer than this
+    process's (``ServerState.newer_stored``), read once per request."""
 
 
 async def read_body(raw_request: Request, limit: int) -> dict[str, Any]:
@@ -129,7 +133,8 @@ async def read_chat(body: dict[str, Any], raw_request: Request, state: ServerSta
         policy = state.policy(policy_name) if policy_name else state.default_policy
     except (UnknownPolicy, ValueError) as exc:
         raise InputError(str(exc)) from None
-    known = await state.peek_session(session_id) if session_id else None  # another process's too
+    stored = await state.newer_stored(session_id) if session_id else None  # another process's state too
+    known = stored or (state.sessions.get(session_id) if session_id else None)
     try:
         state.access.check_policy(policy.name, known.policy if known is not None else None)
     except PolicyRefused as exc:
@@ -157,6 +162,7 @@ async def read_chat(body: dict[str, Any], raw_request: Request, state: ServerSta
         answer_tokens=received.max_completion_tokens or received.max_tokens,
         exclude_tools=exclude_tools,
         session_name=session_name,
+        stored_session=stored,
     )
 
 

@@ -62,7 +62,7 @@ async def _serve_chat(body: dict[str, Any], raw_request: Request) -> Response:
         chat = await read_chat(body, raw_request, state)
     except InputError as exc:
         return error_response(exc.status, exc.message)
-    session = await state.session(chat.session_id) if chat.session_id else None
+    session = state.sessions.touch(chat.session_id, chat.stored_session) if chat.session_id else None
     if session is not None:
         session.policy = chat.policy.name
     outcome = await rewrite_request(

@@ -93,19 +93,16 @@ class ServerState:
             logger.debug("token count failed", exc_info=True)
             return None
 
-    async def session(self, key: str) -> SessionState:
-        """The session's state, marked used. The store's copy replaces this
-        process's when it is newer: read when this process has none (a restart,
-        a failover) and on every request where others write it too (a shared
-        store, several API processes)."""
-        return self.sessions.touch(key, await self._newer_stored(key, self.sessions.get(key)))
-
     async def peek_session(self, key: str) -> SessionState | None:
         """The session's newest state without marking it used (the session route)."""
-        known = self.sessions.get(key)
-        return await self._newer_stored(key, known) or known
+        return await self.newer_stored(key) or self.sessions.get(key)
 
-    async def _newer_stored(self, key: str, known: SessionState | None) -> SessionState | None:
+    async def newer_stored(self, key: str) -> SessionState | None:
+        """The store's state of the session where it is newer than this
+        process's; the store is read when this process has none (a restart, a
+        failover) and on every request where others write it too (a shared
+        store, several API processes)."""
+        known = self.sessions.get(key)
         if known is not None and not (self.store.shared or self.api_processes > 1):
             return None
         try:
