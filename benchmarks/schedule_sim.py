@@ -38,7 +38,6 @@ from benchmarks.policies import DATA, policy_options
 from vllm_pamer.core.blocks import Message
 from vllm_pamer.core.pipeline import rewrite_request
 from vllm_pamer.core.policies import HeadVote, PolicyContext, create_policy
-from vllm_pamer.core.recall import cosine_top_k
 from vllm_pamer.core.render import render_tools_as_text
 from vllm_pamer.core.tokens import TokenCounter
 from vllm_pamer.default_model import ensure_default_model
@@ -105,8 +104,8 @@ class ModelEngine:
     def summary_slot(self) -> contextlib.nullcontext[None]:
         return contextlib.nullcontext()  # one request at a time: no turns to wait for
 
-    def top_k(self, session, query, memories, k):
-        return cosine_top_k(query, memories, k)
+    def sync_memories(self, session, memories):
+        pass  # recall runs here, on the host
 
 
 def _steps(trajectory: dict, max_steps: int):

@@ -12,7 +12,6 @@ from typing import Any
 import numpy as np
 
 from vllm_pamer.core.policies import HeadVote
-from vllm_pamer.core.recall import cosine_top_k
 
 COMPRESS = HeadVote((5.0,) * 5, 5, True)
 KEEP = HeadVote((-5.0,) * 5, 0, False)
@@ -47,6 +46,7 @@ class FakeEngine:
         self._slots = asyncio.Semaphore(slots) if slots else contextlib.nullcontext()
         self.counted: list[int] = []  # messages of every prompt_tokens call
         self.conversation_summaries = 0  # summary requests in the conversation layout
+        self.synced: dict[str, list[int]] = {}  # session -> memory ids last handed to sync_memories
 
     def kv_usage(self):
         return self.kv
@@ -92,8 +92,8 @@ class FakeEngine:
             vector[int(hashlib.md5(word.encode()).hexdigest(), 16) % 64] += 1
         return vector
 
-    def top_k(self, session, query, memories, k):
-        return cosine_top_k(query, memories, k)
+    def sync_memories(self, session, memories):
+        self.synced[session] = [m.id for m in memories]
 
 
 def conversation(n_blocks: int, chars: int = 900) -> list[dict]:
@@ -115,3 +115,13 @@ class blocking:  # noqa: N801 - reads as a function: blocking(store).load("s1")
     def __getattr__(self, name: str) -> Any:
         method = getattr(self._store, name)
         return lambda *args, **kwargs: asyncio.run(method(*args, **kwargs))
+
+
+class Sink:
+    """Stands in for the worker's capture publisher: keeps what it is handed."""
+
+    def __init__(self):
+        self.records = []
+
+    def publish(self, record):
+        self.records.append(record)

@@ -16,7 +16,7 @@ from vllm_pamer.core.blocks import protocol_issues, split_conversation
 from vllm_pamer.core.pipeline import rewrite_request
 from vllm_pamer.core.policies import PolicyContext, create_policy
 from vllm_pamer.core.policies.summary import MEMORY_HEADER
-from vllm_pamer.core.recall import SERVED_STATE_EMBEDDER
+from vllm_pamer.core.recall import SERVED_STATE_EMBEDDER, WorkerRecall
 from vllm_pamer.stores.sqlite import SqliteStore
 
 
@@ -404,6 +404,34 @@ def test_captured_query_recalls_without_an_embedding_request(store):
         assert outcome.action == "recalled" and outcome.recalled == (target.id,)
         assert "state captured at the previous request" in outcome.detail
     assert services.embedded == []  # no query embedding was computed
+
+
+def test_the_workers_search_decides_and_the_memories_are_handed_to_it(store):
+    """With the worker's Top-K made at the previous capture, the policy takes
+    its ranking (here one that disagrees with the state, to see whose it is)
+    and hands the session's memories to the worker for the next capture."""
+    services = StateServices()
+    run(conversation(8), store, services, COMPRESS)
+    run(conversation(14), store, services, COMPRESS)
+    first, second = blocking(store).load("s1").memories
+    state = np.asarray(first.embedding, dtype=np.float32)  # closest to the first memory
+    worker = WorkerRecall(ids=(second.id, first.id), scores=(0.9, 0.1), searched=(first.id, second.id), limit=8)
+    policy = create_policy(
+        "pamer", {"schedule": "paper", "query_source": "captured", "top_k": 1, "stable_recall": False}
+    )
+
+    def recall_with(found):
+        context = PolicyContext(store, services)
+        return asyncio.run(
+            rewrite_request(conversation(16), "s1", policy, KEEP, context, previous_state=state, previous_recall=found)
+        )
+
+    outcome = recall_with(worker)
+    assert outcome.recalled == (second.id,) and "searched in the worker" in outcome.detail
+    assert services.synced["s1"] == [first.id, second.id]
+    # a memory the worker did not hold is scored here: it wins on the state
+    outcome = recall_with(WorkerRecall(ids=(second.id,), scores=(0.1,), searched=(second.id,), limit=8))
+    assert outcome.recalled == (first.id,)
 
 
 @pytest.mark.parametrize("case", ["no state", "other embedder", "other width"])

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
+from tests.fakes import Sink
 from vllm_pamer.adapters.vllm_0_32.worker_v1 import V1Step
 from vllm_pamer.channel import CAPTURE_KEY
 from vllm_pamer.core.heads import ModelFingerprint, random_heads, save_heads
@@ -15,14 +16,6 @@ from vllm_pamer.settings import Settings
 from vllm_pamer.worker.capture import WorkerCapture
 
 FP = ModelFingerprint("LlamaForCausalLM", hidden_size=16, num_hidden_layers=2, vocab_size=100, model_name="t")
-
-
-class Sink:
-    def __init__(self):
-        self.records = []
-
-    def publish(self, record):
-        self.records.append(record)
 
 
 def make_capture(tmp_path, heads=True):
@@ -133,3 +126,29 @@ def test_capture_off(tmp_path):
     capture.begin_step(V1Step(*step([("a", 0, 5, 5)])))
     capture.observe(torch.randn(1, 16))
     assert capture.publisher.records == []
+
+
+def test_a_resumed_request_re_prefilling_past_its_prompt_is_not_captured_there(tmp_path):
+    """After preemption vLLM re-prefills prompt and output: a chunk that runs
+    past the prompt samples no prompt state (an uncaptured request stays so)."""
+    capture = make_capture(tmp_path)
+    capture.begin_step(V1Step(*step([("resumed", 0, 5, 9)])))  # 5 prompt + 4 output tokens at once
+    capture.observe(torch.randn(1, 16))
+    assert capture.publisher.records == []
+
+
+def test_the_record_carries_the_workers_recall_for_its_session(tmp_path):
+    from vllm_pamer.channel import SESSION_KEY
+
+    capture = make_capture(tmp_path)
+    memory = np.random.default_rng(0).standard_normal((3, 16)).astype("<f4")
+    capture.memory.sync("s", [], [(i + 1, memory[i].tobytes()) for i in range(3)])
+    runner, out = step([("mine", 0, 5, 5), ("other", 0, 5, 5)])
+    runner.requests["mine"].sampling_params.extra_args[SESSION_KEY] = "s"
+    runner.requests["other"].sampling_params.extra_args[SESSION_KEY] = "t"
+    hidden = torch.from_numpy(np.stack([memory[1], memory[2]]))
+    capture.begin_step(V1Step(runner, out))
+    capture.observe(hidden)
+    got = {r.key: r for r in capture.publisher.records}
+    assert got["key-mine"].recall.ids[0] == 2 and got["key-mine"].recall.searched == (1, 2, 3)
+    assert got["key-other"].recall is None  # session t holds no rows

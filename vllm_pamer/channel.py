@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 import msgspec
 import numpy as np
 
+from vllm_pamer.core.recall import WorkerRecall
 from vllm_pamer.settings import Settings
 
 if TYPE_CHECKING:
@@ -43,6 +44,9 @@ CHANNEL_ENV = Settings.env_name("channel")
 CAPTURE_KEY = "pamer_capture"
 """``SamplingParams.extra_args`` key that names a request's capture."""
 SESSION_KEY = "pamer_session"
+WORKER_EXTENSION = "vllm_pamer.worker.extension.PamerWorkerExtension"
+"""vLLM's ``--worker-extension-cls`` that lets the API server push memory rows
+to the worker (``worker/extension.py``)."""
 _TAGGED_KEY = re.compile(r"([0-9a-f]{1,16})\.[0-9a-f]{32}")
 """A capture key of an API process: its tag, a dot, a random uuid."""
 MAX_PUSH_SOCKETS = 64
@@ -80,6 +84,9 @@ class CaptureRecord(msgspec.Struct, array_like=True):
     last prompt token then the mean over the prompt's computed tokens."""
     layer_tokens: int | None = None
     """Prompt tokens the mean covers (fewer than the prompt on a prefix-cache hit)."""
+    recall: WorkerRecall | None = None
+    """The worker's Top-K of the session's memories for this state (None: the
+    worker held none of them, or the request had no session)."""
 
     def hidden_state(self) -> np.ndarray:
         return np.frombuffer(self.hidden, dtype="<f4")

@@ -23,6 +23,7 @@ from collections.abc import MutableMapping
 import msgspec
 
 from vllm_pamer.adapters.launch import cpu_default_dtype, is_cpu_build, run_vllm_cli
+from vllm_pamer.channel import WORKER_EXTENSION
 from vllm_pamer.model_config import model_fingerprint
 from vllm_pamer.plugin import PLUGIN_NAMES
 from vllm_pamer.settings import Settings
@@ -99,6 +100,8 @@ def cmd_serve(argv: list[str]) -> None:
         return
     os.environ.update(settings.to_env())
     _enable_plugins(os.environ)
+    if settings.memory_rows and not _has_flag(rest, "--worker-extension-cls"):
+        rest += ["--worker-extension-cls", WORKER_EXTENSION]  # recall in the worker (worker/memory.py)
     run_vllm_cli(["serve", model, *_cpu_defaults(rest)])
 
 

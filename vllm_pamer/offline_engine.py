@@ -28,7 +28,7 @@ class CaptureError(RuntimeError):
 
 def _vllm():
     """The vLLM calls, imported on first use: after ``prepare_vllm_cpu``."""
-    from vllm_pamer.adapters.vllm_0_32 import offline
+    from vllm_pamer.adapters import offline
 
     return offline
 

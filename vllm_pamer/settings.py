@@ -63,6 +63,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     that binds, summaries recompute their prefixes and time out together
     (``benchmarks/RESULTS.md``, "The budget schedule under a KV budget that
     binds: a stall")."""
+    memory_rows: Annotated[int, msgspec.Meta(ge=0)] = 16384
+    """Memory embeddings the worker holds for recall, all sessions together,
+    beside the capture (``worker/memory.py``): allocated when the model is
+    built, so the engine sizes its KV cache around them; 0 keeps recall in the
+    API server. Beyond them the API server scores the rest."""
     embedder: str = "served"
     """Memory embedder: ``served`` (the served model's own final-norm state) or
     ``minilm`` (all-MiniLM-L6-v2 on the CPU)."""

@@ -65,6 +65,8 @@ def test_compression_then_recall_on_a_real_trajectory(pamer_run):
             assert MEMORY_HEADER not in json.dumps(sent[3:])
             # recalled with the state captured at the previous request (no query embedding)
             assert "query: state captured at the previous request" in report["detail"], report
+    # once the worker holds the session's memories, the capture searched them there
+    assert any("searched in the worker" in r["detail"] for _, r in steps if r["action"] == "recalled"), actions
     # once memory exists, prompts stay well below the raw history
     last_in, last_out = steps[-1][1]["prompt_tokens_in"], steps[-1][1]["prompt_tokens_out"]
     assert last_out < 0.8 * last_in

@@ -1,7 +1,8 @@
 """Capture on a real vLLM engine (offline ``LLM``) with tiny random models:
 the captured row is the final-norm state of the last prompt token (compared
 to HF transformers), exactly once per request, also when the prompt is split
-over several prefill chunks or asks for prompt logprobs."""
+over several prefill chunks, asks for prompt logprobs, is preempted and
+resumed, or shares its step with speculative draft rows."""
 
 from __future__ import annotations
 
@@ -23,9 +24,9 @@ pytestmark = pytest.mark.engine
 CHUNK = 64  # prefill token budget per step: prompts above it are chunked
 
 
-def start_tiny_engine(kind: str, root, tokenizer_dir):
+def start_tiny_engine(kind: str, root, tokenizer_dir, **engine_args):
     """A real vLLM engine on a tiny random ``kind`` model, with random heads and
-    a capture collector bound in this process."""
+    a capture collector bound in this process (``engine_args``: more of ``LLM``'s)."""
     from vllm import LLM
 
     model_dir = build_tiny_model(kind, root / "model", tokenizer_dir)
@@ -48,6 +49,7 @@ def start_tiny_engine(kind: str, root, tokenizer_dir):
             enable_chunked_prefill=True,
             gpu_memory_utilization=0.15,
             seed=0,
+            **engine_args,
         )
     finally:
         for key, value in saved.items():
@@ -74,7 +76,8 @@ def _generate(llm, prompts, **params):
     from vllm import SamplingParams, TokensPrompt
 
     keys = [uuid.uuid4().hex for _ in prompts]
-    sampling = [SamplingParams(max_tokens=4, temperature=0.0, extra_args={CAPTURE_KEY: key}, **params) for key in keys]
+    params = {"max_tokens": 4, **params}
+    sampling = [SamplingParams(temperature=0.0, extra_args={CAPTURE_KEY: key}, **params) for key in keys]
     llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sampling, use_tqdm=False)
     return keys
 
@@ -149,5 +152,53 @@ def test_every_architecture_is_captured(kind, tmp_path, tokenizer_dir):
         records = collector.drain(expect=len(prompts))
         _check_states(records, keys, prompts, model_dir)
         assert all(r.head_logits is not None and len(r.head_logits) == 5 for r in records)
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+
+
+def _counter(llm, name: str) -> float:
+    return sum(getattr(m, "value", 0) for m in llm.get_metrics() if m.name == name)
+
+
+def test_preempted_and_resumed_requests_are_captured_once(tmp_path, tokenizer_dir):
+    """A KV cache too small for the batch: vLLM preempts running requests and
+    re-prefills them (prompt and output so far) later; each is still captured
+    once, at its prompt's last token."""
+    llm, collector, model_dir, heads = start_tiny_engine(
+        "llama", tmp_path, tokenizer_dir, num_gpu_blocks_override=24, disable_log_stats=False
+    )
+    try:
+        prompts = _prompts(heads.fingerprint.vocab_size, [90, 100, 110, 95, 105, 85], seed=4)
+        keys = _generate(llm, prompts, max_tokens=80, ignore_eos=True)
+        records = collector.drain(expect=len(prompts))
+        assert _counter(llm, "vllm:num_preemptions") > 0, "the batch was meant to be preempted"
+        _check_states(records, keys, prompts, model_dir)
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+
+
+def test_steps_with_speculative_draft_rows_capture_the_right_rows(tmp_path, tokenizer_dir):
+    """n-gram speculative decoding: decoding requests carry draft rows in the
+    sampling rows while later prompts complete their prefill in the same steps."""
+    llm, collector, model_dir, _ = start_tiny_engine(
+        "llama",
+        tmp_path,
+        tokenizer_dir,
+        speculative_config={
+            "method": "ngram",
+            "num_speculative_tokens": 3,
+            "prompt_lookup_min": 2,
+            "prompt_lookup_max": 4,
+        },
+        disable_log_stats=False,
+    )
+    try:
+        rng = np.random.default_rng(5)
+        # repeating prompts, so the n-gram proposer finds drafts in them
+        prompts = [np.tile(rng.integers(100, 1000, size=n), 6).tolist() for n in (4, 5, 6, 7, 8, 9)]
+        keys = _generate(llm, prompts, max_tokens=40, ignore_eos=True)
+        records = collector.drain(expect=len(prompts))
+        assert _counter(llm, "vllm:spec_decode_num_draft_tokens") > 0, "no draft was proposed"
+        _check_states(records, keys, prompts, model_dir)
     finally:
         llm.llm_engine.engine_core.shutdown()

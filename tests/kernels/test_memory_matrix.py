@@ -1,4 +1,4 @@
-"""MemoryMatrix (vllm_pamer/server/memory_matrix.py): rows normalised on
+"""MemoryMatrix (vllm_pamer/worker/memory_matrix.py): rows normalised on
 insert, doubling growth, row -> session mapping, free-row reuse, and its
 search through kernels.cosine_topk, on CPU (and CUDA when present)."""
 
@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.kernels.oracles import check_topk
-from vllm_pamer.server.memory_matrix import MemoryMatrix
+from vllm_pamer.worker.memory_matrix import MemoryMatrix
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 

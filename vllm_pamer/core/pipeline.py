@@ -15,6 +15,7 @@ import numpy as np
 
 from vllm_pamer.core.blocks import Message, Tool, protocol_issues, split_conversation
 from vllm_pamer.core.policies import HeadVote, MemoryPolicy, PolicyContext, PolicyDecision, PolicyRequest
+from vllm_pamer.core.recall import WorkerRecall
 from vllm_pamer.core.schedule import ScheduleReport
 
 logger = logging.getLogger("vllm_pamer.pipeline")
@@ -50,6 +51,7 @@ async def rewrite_request(
     prompt_tokens: int | None = None,
     context_budget: int | None = None,
     answer_tokens: int | None = None,
+    previous_recall: WorkerRecall | None = None,
 ) -> RewriteOutcome:
     if not session_id:
         return _fallback(messages, "missing_session_id")
@@ -67,6 +69,7 @@ async def rewrite_request(
         prompt_tokens,
         context_budget,
         answer_tokens,
+        previous_recall,
     )
     try:
         decision: PolicyDecision = await policy.rewrite(request)

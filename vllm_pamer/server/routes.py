@@ -76,6 +76,7 @@ async def _serve_chat(body: dict[str, Any], raw_request: Request) -> Response:
         chat.prompt_tokens_in,
         chat.context_budget,
         chat.answer_tokens,
+        session.last_recall if session else None,
     )
     report = PamerReport(
         session_id=chat.session_name,

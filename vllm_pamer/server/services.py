@@ -9,12 +9,15 @@
   text: a one-token internal request tagged with a capture key, its state
   read from the capture channel (no second model);
 * ``count_tokens`` / ``prompt_tokens`` - the served tokenizer (``core/tokens.py``);
-* ``top_k`` - the memory matrix (``memory_index.py``).
+* ``sync_memories`` - a session's memory rows pushed to the worker, where
+  the capture searches them (``worker/memory.py``), through vLLM's
+  ``collective_rpc`` to the plugin's worker extension.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import Sequence
@@ -22,8 +25,14 @@ from typing import Any
 
 import numpy as np
 
-from vllm_pamer.adapters.serving import internal_sampling_params, kv_cache_usage, kv_capacity_tokens
-from vllm_pamer.channel import CAPTURE_KEY, SESSION_KEY, CaptureInbox
+from vllm_pamer.adapters.serving import (
+    call_workers,
+    internal_sampling_params,
+    kv_cache_usage,
+    kv_capacity_tokens,
+    worker_extension,
+)
+from vllm_pamer.channel import CAPTURE_KEY, SESSION_KEY, WORKER_EXTENSION, CaptureInbox
 from vllm_pamer.core.blocks import Message
 from vllm_pamer.core.policies.summary import summary_prompt
 from vllm_pamer.core.recall import SERVED_STATE_EMBEDDER
@@ -32,7 +41,9 @@ from vllm_pamer.core.text import cap_head_and_tail
 from vllm_pamer.core.tokens import TokenCounter
 from vllm_pamer.embedders import Embedder
 from vllm_pamer.server import metrics
-from vllm_pamer.server.memory_index import MemoryIndex
+
+logger = logging.getLogger("vllm_pamer.services")
+RPC_TIMEOUT_S = 10.0
 
 
 class VllmEngineServices:
@@ -58,7 +69,10 @@ class VllmEngineServices:
         self.embedder = embedder
         self._summary_slots = asyncio.Semaphore(summary_concurrency)
         self.embedder_name = embedder.name if embedder is not None else SERVED_STATE_EMBEDDER
-        self.index = MemoryIndex()
+        # recall in the worker needs its extension and the served model's state as the embedding
+        self.worker_memory = WORKER_EXTENSION in worker_extension(engine_client) and embedder is None
+        self._pushed: dict[str, tuple[int, ...]] = {}  # session -> memory ids last pushed from here
+        self._rpcs: set[asyncio.Task] = set()
         self._kv: tuple[float, float | None] = (0.0, None)  # (when read, value)
 
     # -- token counts ------------------------------------------------------------
@@ -137,8 +151,35 @@ class VllmEngineServices:
     def kv_capacity(self) -> int | None:
         return kv_capacity_tokens(self.engine_client)
 
-    def top_k(self, session: str, query: np.ndarray, memories: Sequence[Memory], k: int) -> list[Memory]:
-        return self.index.top_k(session, query, memories, k)
+    # -- memory rows in the worker ----------------------------------------------------
+    def sync_memories(self, session: str, memories: Sequence[Memory]) -> None:
+        if not self.worker_memory:
+            return
+        ids = tuple(sorted(m.id for m in memories))
+        if self._pushed.get(session) == ids:
+            return
+        self._pushed[session] = ids
+        # every embedding each time the set changes: the worker adds only the
+        # rows it lacks, and one pushed by another API process is never missing
+        rows = [(m.id, np.ascontiguousarray(m.embedding, dtype="<f4").tobytes()) for m in memories]
+        self._spawn(self._rpc(session, "pamer_memory_sync", session, [], rows))
+
+    def drop_memories(self, session: str) -> None:
+        """Free the session's rows in the worker (its session left this process)."""
+        if self.worker_memory and self._pushed.pop(session, None) is not None:
+            self._spawn(self._rpc(session, "pamer_memory_drop", session))
+
+    def _spawn(self, coroutine: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._rpcs.add(task)  # held until done: the loop keeps only weak references
+        task.add_done_callback(self._rpcs.discard)
+
+    async def _rpc(self, session: str, method: str, *args: Any) -> None:
+        try:
+            await call_workers(self.engine_client, method, *args, timeout=RPC_TIMEOUT_S)
+        except Exception:  # the API server scores what the worker lacks
+            self._pushed.pop(session, None)  # pushed again next time
+            logger.warning("vllm-pamer: %s for a session failed", method, exc_info=True)
 
     async def embed(self, text: str) -> np.ndarray:
         if self.embedder is not None:

@@ -19,6 +19,7 @@ import numpy as np
 
 from vllm_pamer.channel import CaptureRecord
 from vllm_pamer.core.policies import HeadVote
+from vllm_pamer.core.recall import WorkerRecall
 
 
 class SessionState(msgspec.Struct):
@@ -31,6 +32,8 @@ class SessionState(msgspec.Struct):
     last_seen: float = 0.0
     last_state: bytes | None = None
     """Final-norm state of the last captured prefill (float32), for retrieval."""
+    last_recall: WorkerRecall | None = None
+    """The worker's Top-K of the session's memories for ``last_state``."""
     last_schedule: dict[str, Any] | None = None
     """The compaction schedule's report of the session's last request."""
     policy: str | None = None
@@ -43,6 +46,7 @@ class SessionState(msgspec.Struct):
         self.captures += 1
         self.last_prompt_tokens = record.num_prompt_tokens
         self.last_state = record.hidden
+        self.last_recall = record.recall
         self.last_vote = (
             HeadVote(tuple(record.head_logits), int(record.votes or 0), bool(record.compress_vote))
             if record.head_logits is not None

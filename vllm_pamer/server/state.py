@@ -61,7 +61,7 @@ class ServerState:
             embedder,
         )
         self.context = PolicyContext(self.store, self.services)
-        self.sessions.on_evict = self.services.index.drop_session
+        self.sessions.on_evict = self.services.drop_memories
 
     def policy(self, name: str, options: dict | None = None) -> MemoryPolicy:
         """The policy instance for ``name`` (created once; raises UnknownPolicy)."""

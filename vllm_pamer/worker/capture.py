@@ -13,7 +13,8 @@ How a step flows (one worker process, one ``WorkerCapture``):
 3. ``observe`` picks the rows of requests whose prompt prefill completes in
    this step (``computed < prompt <= computed + scheduled``), skipping
    requests already captured (re-prefill after preemption), evaluates the
-   five heads on them and publishes one record per request.
+   five heads on them, searches their sessions' memory rows (``memory.py``)
+   and publishes one record per request.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from vllm_pamer.channel import CAPTURE_KEY, SESSION_KEY, CapturePublisher, Captu
 from vllm_pamer.core.heads import Heads, ModelFingerprint, load_heads
 from vllm_pamer.settings import Settings
 from vllm_pamer.worker.layer_taps import LayerTaps, parse_layers
+from vllm_pamer.worker.memory import WorkerMemory
 from vllm_pamer.worker.step import StepView
 
 logger = logging.getLogger("vllm_pamer.capture")
@@ -57,6 +59,11 @@ class WorkerCapture:
             heads = load_heads(settings.heads)
             heads.check_model(fingerprint, settings.heads)  # wrong model: start-up error
             self.heads = _TorchHeads(heads, device)
+        self.memory = (
+            WorkerMemory(fingerprint.hidden_size, settings.memory_rows, device)
+            if self.enabled and settings.memory_rows
+            else None
+        )
         self.publisher = CapturePublisher()
         self.captured: set[str] = set()
         self.captures_total = 0
@@ -99,6 +106,12 @@ class WorkerCapture:
                 logits, votes, compress = (t.cpu() for t in self.heads(rows))
             except Exception as exc:  # probe failure: reported, never fatal
                 heads_error = f"{type(exc).__name__}: {exc}"
+        recalls: list = [None] * len(picks)
+        if self.memory is not None:
+            try:
+                recalls = self.memory.recall([session for _, (_, _, session, _) in picks], rows)
+            except Exception:  # the API server scores them instead
+                logger.exception("vllm-pamer: recall in the worker failed")
         states = rows.float().cpu().numpy().astype("<f4")
         for i, (_, (req_id, key, session, n_prompt)) in enumerate(picks):
             self.captured.add(req_id)
@@ -117,6 +130,7 @@ class WorkerCapture:
                     heads_error=heads_error,
                     layers=None if layers is None else layers[0],
                     layer_tokens=None if layers is None else layers[1],
+                    recall=recalls[i],
                 )
             )
 
@@ -124,12 +138,13 @@ class WorkerCapture:
         picks = []
         row = 0
         for request in step.requests():
+            row += request.logit_rows
             if request.completes_prompt and request.req_id not in self.captured:
                 extra = step.extra_args(request.req_id)
-                picks.append((row, (request.req_id, extra.get(CAPTURE_KEY), extra.get(SESSION_KEY), request.prompt)))
-            # A request owns one row, plus one per draft token under speculative
-            # decoding; prompt-completing requests never carry drafts.
-            row += 1 + request.draft_tokens
+                # its last row is its last scheduled token: the prompt's last
+                picks.append(
+                    (row - 1, (request.req_id, extra.get(CAPTURE_KEY), extra.get(SESSION_KEY), request.prompt))
+                )
         if row != num_rows:
             if not self._warned_layout:
                 logger.warning(

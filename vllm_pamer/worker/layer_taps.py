@@ -131,7 +131,7 @@ class LayerTaps:
             if request.computed < request.prompt and request.scheduled:
                 n_rows = min(request.scheduled, request.prompt - request.computed)
                 segments.append((request.req_id, row, n_rows, request.computed + n_rows == request.prompt))
-            row += request.scheduled + request.draft_tokens
+            row += request.scheduled  # draft tokens included (vLLM schedules them as tokens)
         self._segments = segments
         self._step_tokens = row
 

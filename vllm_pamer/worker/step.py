@@ -12,8 +12,9 @@ class ScheduledRequest(NamedTuple):
     req_id: str
     scheduled: int
     """Tokens of this request in this step (its token rows)."""
-    draft_tokens: int
-    """Speculative draft tokens (extra rows after the scheduled ones)."""
+    logit_rows: int
+    """Rows this request owns among the rows sampling reads: one, plus one per
+    speculative draft token; the last is at its last scheduled token."""
     computed: int
     """Tokens computed before this step (prefix-cache hits included)."""
     prompt: int
@@ -21,8 +22,10 @@ class ScheduledRequest(NamedTuple):
 
     @property
     def completes_prompt(self) -> bool:
-        """The prompt prefill ends in this step."""
-        return self.computed < self.prompt <= self.computed + self.scheduled
+        """The prompt prefill ends in this step, at its last scheduled token (a
+        request resumed after preemption re-prefills its output too: a chunk
+        running past the prompt samples no prompt state)."""
+        return self.computed < self.prompt == self.computed + self.scheduled
 
 
 class StepView(Protocol):

@@ -3,7 +3,8 @@
 vLLM hands the runner's sampling rows (the final-norm states of the positions
 it samples from, ``hidden_states[logits_indices]``) to the model's
 ``compute_logits``: that call is the seam, the same in the V1 runner and in
-Model Runner V2. ``capturing(cls)`` makes, once per model class, a subclass
+Model Runner V2 (each runner's adapter, ``worker_v1.py`` and ``worker_v2.py``,
+tells the capture which request each row is). ``capturing(cls)`` makes, once per model class, a subclass
 whose ``compute_logits`` first hands those rows to the worker's capture;
 ``registration.py`` returns it wherever vLLM resolves an architecture, so every
 model vLLM serves is captured, its own classes and out-of-tree ones alike.
@@ -12,30 +13,43 @@ Nothing else in the forward pass changes, and no extra pass runs.
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Any
 
 import torch
 
-from vllm_pamer.adapters.vllm_0_32.worker_v1 import capture_rank, install_runner_hook
+from vllm_pamer.adapters.vllm_0_32 import worker_v1, worker_v2
+from vllm_pamer.adapters.vllm_0_32.worker_v1 import capture_rank
 from vllm_pamer.core.heads import ModelFingerprint
+from vllm_pamer.settings import Settings
 from vllm_pamer.worker.capture import WorkerCapture, init_worker_capture
 
 
 class UnsupportedRunner(RuntimeError):
-    """The engine runs a model runner the plugin has no adapter for."""
+    """The engine runs a model runner, or a mode of it, the plugin cannot capture."""
+
+
+def _runner_hooks(vllm_config: Any) -> ModuleType:
+    """The adapter of the runner vLLM chose (V1 or Model Runner V2)."""
+    return worker_v2 if getattr(vllm_config, "use_v2_model_runner", False) else worker_v1
 
 
 class _CaptureMixin:
     _pamer_capture: WorkerCapture | None
 
-    @staticmethod
-    def _check_runner(vllm_config: Any) -> None:
-        if getattr(vllm_config, "use_v2_model_runner", False):
-            # the step view hooks the V1 runner: under V2 every response would say captured: false
+    @classmethod
+    def _check_runner(cls, vllm_config: Any) -> None:
+        hooks = _runner_hooks(vllm_config)
+        reason = hooks.check_runner(vllm_config, cls)
+        if reason is None and hooks is worker_v2 and Settings.from_env().capture_layers:
+            reason = (
+                "PAMER_CAPTURE_LAYERS (training extraction) taps layers in the V1 runner only; "
+                "set VLLM_USE_V2_MODEL_RUNNER=0"
+            )
+        if reason is not None:  # never a silent "captured": false on every response
             raise UnsupportedRunner(
-                "vllm-pamer's adapter for vLLM 0.32 captures with the V1 model runner, and this engine runs "
-                "Model Runner V2 (VLLM_USE_V2_MODEL_RUNNER=1, or a feature that needs it); start it with "
-                "VLLM_USE_V2_MODEL_RUNNER=0, or serve without the plugin (vllm-pamer serve --pamer-off)"
+                f"vllm-pamer cannot capture in this engine: {reason}; "
+                "or serve without the plugin (vllm-pamer serve --pamer-off)"
             )
 
     def _init_capture(self, vllm_config: Any) -> None:
@@ -47,7 +61,7 @@ class _CaptureMixin:
             )
             self._pamer_capture = init_worker_capture(fingerprint, vllm_config.device_config.device)
             self._pamer_capture.attach_model(self)
-            install_runner_hook()
+            _runner_hooks(vllm_config).install_runner_hook()
 
     def compute_logits(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         if self._pamer_capture is not None:

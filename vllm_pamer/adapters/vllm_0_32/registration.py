@@ -1,13 +1,12 @@
 """vLLM 0.32: what the general plugin does in every vLLM process (API server,
-EngineCore, workers), so only re-entrant, light things: pick the V1 model
-runner where vLLM would pick V2 (the step view hooks V1), and make vLLM's model
+EngineCore, workers), so only re-entrant, light things: make vLLM's model
 registry resolve every architecture to its capturing class (``models.py``,
-imported when an architecture is resolved, by then vLLM has loaded torch)."""
+imported when an architecture is resolved, by then vLLM has loaded torch). The
+model runner stays the one vLLM picks; ``models.py`` installs its adapter."""
 
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any
 
 _HOOK_FLAG = "_vllm_pamer_capturing"
@@ -16,8 +15,6 @@ _HOOK_FLAG = "_vllm_pamer_capturing"
 def register() -> None:
     from vllm import ModelRegistry
 
-    # Model Runner V2 (the GPU default when Triton is present) is not hooked yet.
-    os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
     original = ModelRegistry.resolve_model_cls
     if getattr(original, _HOOK_FLAG, False):
         return

@@ -74,6 +74,18 @@ def kv_capacity_tokens(engine_client: Any) -> int | None:
     return blocks * size if blocks and size else None
 
 
+def worker_extension(engine_client: Any) -> str:
+    """The engine's ``--worker-extension-cls`` ("" when none)."""
+    parallel = getattr(getattr(engine_client, "vllm_config", None), "parallel_config", None)
+    return str(getattr(parallel, "worker_extension_cls", "") or "")
+
+
+async def call_workers(engine_client: Any, method: str, *args: Any, timeout: float) -> list[Any]:
+    """``method`` of the worker extension on every worker of every engine
+    (``EngineClient.collective_rpc``; data-parallel engines all get it)."""
+    return list(await engine_client.collective_rpc(method, timeout=timeout, args=args))
+
+
 def api_keys(args: Any) -> list[str]:
     """The API keys vLLM's own routes accept: ``--api-key`` (any number of
     them), else ``VLLM_API_KEY``, as ``entrypoints/serve/middleware/register.py``

@@ -36,7 +36,7 @@ class V1Step:
             ScheduledRequest(
                 req_id,
                 int(scheduled.get(req_id, 0)),
-                len(drafts.get(req_id, ())),
+                1 + len(drafts.get(req_id, ())),
                 int(batch.num_computed_tokens_cpu[index]),
                 int(batch.num_prompt_tokens[index]),
             )
@@ -47,6 +47,11 @@ class V1Step:
         state = self.runner.requests.get(req_id)
         params = getattr(state, "sampling_params", None)
         return (getattr(params, "extra_args", None) or {}) if params else {}
+
+
+def check_runner(vllm_config: Any, model_cls: type) -> str | None:
+    """Why this V1 engine cannot be captured, or None: every V1 mode can."""
+    return None
 
 
 def capture_rank() -> bool:

@@ -16,6 +16,7 @@ import numpy as np
 
 from vllm_pamer.core.blocks import Conversation, Message, Tool
 from vllm_pamer.core.engine import EngineServices
+from vllm_pamer.core.recall import WorkerRecall
 from vllm_pamer.core.schedule import ScheduleReport
 from vllm_pamer.core.store import MemoryStore
 
@@ -65,6 +66,9 @@ class PolicyRequest(msgspec.Struct, frozen=True):
     """The answer's length the request asks for (``max_completion_tokens`` or
     ``max_tokens``; None: not set): vLLM cuts an answer at the window, so a
     request fits only with room for it."""
+    previous_recall: WorkerRecall | None = None
+    """The worker's Top-K of the session's memories for ``previous_state``,
+    made at its capture (None: not made)."""
 
 
 class PolicyDecision(msgspec.Struct, frozen=True):
@@ -97,6 +101,10 @@ class MemoryPolicy(ABC):
     config_cls: ClassVar[type[PolicyConfig]] = PolicyConfig
     requires_heads: ClassVar[bool] = False
     """True when the policy cannot decide without trained heads for the model."""
+    counts_prompt: ClassVar[bool] = True
+    """The server counts each request's prompt tokens before the policy runs
+    (``PolicyRequest.prompt_tokens``); a policy that never rewrites needs no
+    count, and its report takes the engine's own (the capture's)."""
 
     def __init__(self, config: PolicyConfig | None = None) -> None:
         self.config = config if config is not None else self.config_cls()

@@ -46,7 +46,7 @@ from vllm_pamer.core.policies.summary import (
     summary_instruction,
     write_summary,
 )
-from vllm_pamer.core.recall import SERVED_STATE_EMBEDDER, cosine_scores, stable_selection
+from vllm_pamer.core.recall import SERVED_STATE_EMBEDDER, cosine_scores, cosine_top_k, merge_recall, stable_selection
 from vllm_pamer.core.retry import with_retries
 from vllm_pamer.core.store import Memory, StoreError
 from vllm_pamer.core.text import serialize_messages
@@ -172,6 +172,10 @@ class Pamer(MemoryPolicy):
     ) -> list[Memory]:
         cfg = self.config
         query = self.captured_query(request, services, memories)
+        # Embeddings of another embedder are not comparable: those memories
+        # still cover their blocks but are not searched.
+        searchable = [m for m in memories if m.embedder == services.embedder_name]
+        chosen = None
         if query is None:
             query_text = serialize_messages(list(view.prefix[-1:]) + flatten(view.recent))[-cfg.query_chars :]
             query = await with_retries(
@@ -179,10 +183,14 @@ class Pamer(MemoryPolicy):
             )
         else:
             notes.append("query: state captured at the previous request")
-        # Embeddings of another embedder are not comparable: those memories
-        # still cover their blocks but are not searched.
-        searchable = [m for m in memories if m.embedder == services.embedder_name]
-        chosen = services.top_k(request.session_id, query, searchable, cfg.top_k) if searchable else []
+            if request.previous_recall is not None:  # searched in the worker at that capture
+                chosen = merge_recall(request.previous_recall, query, searchable, cfg.top_k)
+                if chosen is not None:
+                    notes.append("searched in the worker")
+        if chosen is None:
+            chosen = cosine_top_k(query, searchable, cfg.top_k)
+        if services.embedder_name == SERVED_STATE_EMBEDDER:  # the space the worker searches in
+            services.sync_memories(request.session_id, searchable)  # for the next capture's search
         if cfg.stable_recall:
             chosen = self._stabilize(request.session_id, query, searchable, chosen)
         return chosen

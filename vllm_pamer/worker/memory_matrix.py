@@ -5,7 +5,9 @@ Layout. ``matrix`` [capacity, dim] holds one embedding per row, L2-normalised
 on insert (a zero embedding stays zero and never matches); ``row_sessions``
 [capacity] int64 holds each row's session, -1 for a free row. Rows
 [0, size) are the ones the search scans. Capacity grows by doubling
-(amortised O(1) insert); a removed row is zeroed, marked free and reused
+(amortised O(1) insert) up to ``max_capacity``, when one is given (the
+worker's matrix is allocated whole at start, inside the engine's memory
+budget, and never grows: ``MatrixFull``); a removed row is zeroed, marked free and reused
 first (lowest free row first), and trailing free rows shrink ``size`` so the
 scan stops at the last live row.
 
@@ -22,6 +24,10 @@ import torch
 import torch.nn.functional as F
 
 
+class MatrixFull(RuntimeError):
+    """Every row of a matrix that may not grow is in use."""
+
+
 class MemoryMatrix:
     def __init__(
         self,
@@ -30,11 +36,16 @@ class MemoryMatrix:
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
         capacity: int = 1024,
+        max_capacity: int | None = None,
     ) -> None:
         """``dtype`` is the storage type (bf16 halves the bytes each search
-        reads on a GPU; scores still accumulate in fp32)."""
+        reads on a GPU; scores still accumulate in fp32). ``max_capacity``:
+        rows it may grow to (None: no limit)."""
         if dim <= 0 or capacity <= 0:
             raise ValueError("dim and capacity must be positive")
+        if max_capacity is not None and max_capacity < capacity:
+            raise ValueError("max_capacity must be at least capacity")
+        self.max_capacity = max_capacity
         self.dim = int(dim)
         self.device = torch.device(device)
         self.dtype = dtype
@@ -137,12 +148,16 @@ class MemoryMatrix:
                 self._free.discard(row)
                 return row
         if self._size == self.capacity:
+            if self.max_capacity is not None and self.capacity >= self.max_capacity:
+                raise MatrixFull(f"all {self.capacity} rows of the memory matrix are in use")
             self._grow()
         self._size += 1
         return self._size - 1
 
     def _grow(self) -> None:
         capacity = 2 * self.capacity
+        if self.max_capacity is not None:
+            capacity = min(capacity, self.max_capacity)
         matrix = torch.zeros((capacity, self.dim), dtype=self.dtype, device=self.device)
         sessions = torch.full((capacity,), -1, dtype=torch.int64, device=self.device)
         matrix[: self._size] = self._matrix[: self._size]

@@ -1,0 +1,16 @@
+"""vLLM's offline ``LLM``, for the installed series (see ``__init__``)."""
+
+from vllm_pamer.adapters import ADAPTERS, vllm_series
+
+SERIES = vllm_series()  # refuses an unsupported vLLM here, at import
+assert ADAPTERS[SERIES] == "vllm_0_32"  # a series with a package of its own becomes a branch here
+
+from vllm_pamer.adapters.vllm_0_32.offline import (  # noqa: E402
+    generate_captures,
+    make_llm,
+    max_model_len,
+    shutdown,
+    tokenizer,
+)
+
+__all__ = ["generate_captures", "make_llm", "max_model_len", "shutdown", "tokenizer"]
