@@ -104,7 +104,7 @@ class ModelEngine:
     def summary_slot(self) -> contextlib.nullcontext[None]:
         return contextlib.nullcontext()  # one request at a time: no turns to wait for
 
-    def sync_memories(self, session, memories):
+    def sync_memories(self, session, memories, held=()):
         pass  # recall runs here, on the host
 
 

@@ -92,7 +92,7 @@ class FakeEngine:
             vector[int(hashlib.md5(word.encode()).hexdigest(), 16) % 64] += 1
         return vector
 
-    def sync_memories(self, session, memories):
+    def sync_memories(self, session, memories, held=()):
         self.synced[session] = [m.id for m in memories]
 
 

@@ -81,6 +81,7 @@ def _v2_batch(requests, drafts=None):
         num_scheduled_tokens=scheduled,
         num_computed_tokens_np=np.array([r[2] for r in requests], dtype=np.int32),
         num_draft_tokens=int(sum(drafts.values())),
+        has_prefill=True,
         cu_num_logits_np=cu_logits,
         logits_indices=torch.from_numpy(logits_indices),
     )

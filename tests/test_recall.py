@@ -5,6 +5,9 @@ Top-K over the session's memories as the store has them now."""
 
 from __future__ import annotations
 
+import asyncio
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -85,15 +88,21 @@ def test_sync_frees_discarded_rows_and_skips_other_widths():
     assert 99 not in recall(worker, "s", ms[3].embedding).searched
 
 
-def test_a_full_matrix_holds_what_fits_and_the_rest_is_scored_by_the_server():
-    worker = WorkerMemory(DIM, rows=4, device=DEVICE)
-    ms = memories("s", 7, 4)
-    assert worker.sync("s", [], rows(ms)) == 4
+def test_full_rows_make_room_from_the_least_recently_used_session():
+    worker = WorkerMemory(DIM, rows=6, device=DEVICE)
+    a, b, c = memories("a", 3, 4), memories("b", 3, 5, start=20), memories("c", 3, 6, start=40)
+    worker.sync("a", [], rows(a))
+    worker.sync("b", [], rows(b))
+    recall(worker, "a", a[0].embedding)  # a used since b
+    assert worker.sync("c", [], rows(c)) == 3  # b's rows freed for c
+    assert recall(worker, "b", b[0].embedding) is None and recall(worker, "a", a[0].embedding) is not None
+    # one session larger than the rows: what fits, the rest scored by the API server
+    big = memories("d", 9, 7, start=60)
+    assert worker.sync("d", [], rows(big)) == 6
     query = np.random.default_rng(9).standard_normal(DIM).astype(np.float32)
-    found = recall(worker, "s", query)
-    assert len(found.searched) == 4
-    assert ids(merge_recall(found, query, ms, 3)) == ids(cosine_top_k(query, ms, 3))
-    assert worker.matrix.capacity == 4  # allocated whole, never grown
+    found = recall(worker, "d", query)
+    assert len(found.searched) == 6 and worker.matrix.capacity == 6  # allocated whole, never grown
+    assert ids(merge_recall(found, query, big, 3)) == ids(cosine_top_k(query, big, 3))
 
 
 def test_one_search_for_a_steps_rows():
@@ -106,3 +115,63 @@ def test_one_search_for_a_steps_rows():
     assert found[1] is None and found[3] is None
     assert ids(merge_recall(found[0], queries[0], a, 3)) == ids(cosine_top_k(queries[0], a, 3))
     assert ids(merge_recall(found[2], queries[2], b, 3)) == ids(cosine_top_k(queries[2], b, 3))
+
+
+class Workers:
+    """The engine client's ``collective_rpc``, as the API server calls it."""
+
+    def __init__(self, fail=False):
+        self.calls, self.fail = [], fail
+        extension = "vllm_pamer.worker.extension.PamerWorkerExtension"
+        self.vllm_config = SimpleNamespace(parallel_config=SimpleNamespace(worker_extension_cls=extension))
+
+    async def collective_rpc(self, method, timeout=None, args=()):
+        self.calls.append((method, timeout, args))
+        if self.fail:
+            raise TimeoutError("no answer")
+        return [None]
+
+
+def _services(workers):
+    from vllm_pamer.server.services import VllmEngineServices
+
+    return VllmEngineServices(workers, None, None, 2048, 1.0, 1)
+
+
+def test_the_api_server_pushes_only_what_the_worker_lacks():
+    async def scenario():
+        workers = Workers()
+        services = _services(workers)
+        ms = memories("s", 3, 1)
+        services.sync_memories("s", ms, held=[1, 2, 3])  # held already: nothing to send
+        services.sync_memories("s", ms + memories("s", 1, 2, start=9), held=[1, 2, 3])
+        services.sync_memories("s", ms + memories("s", 1, 2, start=9), held=[1, 2, 3])  # on its way: not again
+        await asyncio.sleep(0.01)
+        [(method, timeout, (session, keep, add))] = workers.calls
+        assert method == "pamer_memory_sync" and timeout is None and session == "s"
+        assert keep == [1, 2, 3] and [i for i, _ in add] == [9]
+        services.drop_memories("s")
+        await asyncio.sleep(0.01)
+        assert workers.calls[-1][0] == "pamer_memory_drop"
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_push_never_raises_and_is_sent_again():
+    async def scenario():
+        workers = Workers(fail=True)
+        services = _services(workers)
+        services.sync_memories("s", memories("s", 2, 1))
+        await asyncio.sleep(0.01)
+        assert len(workers.calls) == 1
+
+    asyncio.run(scenario())
+    services = _services(Workers())
+    services.sync_memories("s", memories("s", 2, 1))  # no event loop here: left to the API server's search
+    assert services._pushed == {}
+
+
+def test_no_push_without_the_worker_extension():
+    workers = Workers()
+    workers.vllm_config.parallel_config.worker_extension_cls = ""
+    assert not _services(workers).worker_memory

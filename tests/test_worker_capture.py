@@ -18,10 +18,10 @@ from vllm_pamer.worker.capture import WorkerCapture
 FP = ModelFingerprint("LlamaForCausalLM", hidden_size=16, num_hidden_layers=2, vocab_size=100, model_name="t")
 
 
-def make_capture(tmp_path, heads=True):
+def make_capture(tmp_path, heads=True, memory=True):
     path = tmp_path / "h.safetensors"
     save_heads(random_heads(FP), path)
-    capture = WorkerCapture(Settings(heads=str(path) if heads else None), FP, torch.device("cpu"))
+    capture = WorkerCapture(Settings(heads=str(path) if heads else None), FP, torch.device("cpu"), memory=memory)
     capture.publisher = Sink()
     return capture
 
@@ -152,3 +152,20 @@ def test_the_record_carries_the_workers_recall_for_its_session(tmp_path):
     got = {r.key: r for r in capture.publisher.records}
     assert got["key-mine"].recall.ids[0] == 2 and got["key-mine"].recall.searched == (1, 2, 3)
     assert got["key-other"].recall is None  # session t holds no rows
+
+
+def test_a_padded_one_token_prompt_remainder_is_captured_at_its_first_row(tmp_path):
+    """With speculative decoding vLLM pads a one-token prompt remainder (a
+    prefix-cache hit on all but the last token) with placeholder drafts: the
+    prompt ends at the first of its rows."""
+    capture = make_capture(tmp_path)
+    runner, out = step([("hit", 49, 50, 4)], spec={"hit": [-1, -1, -1]})
+    hidden = torch.randn(4, 16)
+    capture.begin_step(V1Step(runner, out))
+    capture.observe(hidden)
+    [record] = capture.publisher.records
+    assert np.allclose(record.hidden_state(), hidden[0].numpy())
+
+
+def test_no_memory_rows_unless_the_api_server_can_push_them(tmp_path):
+    assert make_capture(tmp_path, memory=False).memory is None

@@ -73,8 +73,9 @@ class EngineServices(Protocol):
         """Tokens the engine's KV cache holds (all engines together); None: unknown."""
         ...
 
-    def sync_memories(self, session: str, memories: Sequence[Memory]) -> None:
+    def sync_memories(self, session: str, memories: Sequence[Memory], held: Sequence[int] = ()) -> None:
         """Hand ``session``'s memories (those searched by state) to where the
-        next capture searches them (the worker's rows); returns at once, and a
-        failure only leaves the search to the API server (``core.recall.merge_recall``)."""
+        next capture searches them (the worker's rows), ``held`` the ids the
+        last capture found there; returns at once, never raises: a failure only
+        leaves the search to the API server (``core.recall.merge_recall``)."""
         ...

@@ -128,6 +128,8 @@ async def read_chat(body: dict[str, Any], raw_request: Request, state: ServerSta
     xargs = body.get("vllm_xargs") or {}
     if not isinstance(xargs, dict):
         raise InputError("vllm_xargs must be an object")
+    # the plugin's own keys (capture, session) are the server's to set
+    xargs = {k: v for k, v in xargs.items() if k not in (CAPTURE_KEY, SESSION_KEY)}
     context_budget = context_budget_of(raw_request.headers.get(BUDGET_HEADER), body.pop("pamer_context_budget", None))
     try:
         policy = state.policy(policy_name) if policy_name else state.default_policy
@@ -145,9 +147,11 @@ async def read_chat(body: dict[str, Any], raw_request: Request, state: ServerSta
         raise InputError(f"invalid chat completion request: {exc}") from None
     exclude_tools = bool(getattr(state.args, "exclude_tools_when_tool_choice_none", False))
     tools_in = template_tools(received.tools, received.tool_choice, exclude_tools)
-    prompt_tokens_in = await asyncio.to_thread(
-        state.prompt_tokens, state.render(messages), received.chat_template_kwargs, tools_in
-    )
+    prompt_tokens_in = None  # a policy that never rewrites: the engine's count, from the capture
+    if policy.counts_prompt:
+        prompt_tokens_in = await asyncio.to_thread(
+            state.prompt_tokens, state.render(messages), received.chat_template_kwargs, tools_in
+        )
     return ChatInput(
         body,
         messages,

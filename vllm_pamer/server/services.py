@@ -44,6 +44,9 @@ from vllm_pamer.server import metrics
 
 logger = logging.getLogger("vllm_pamer.services")
 RPC_TIMEOUT_S = 10.0
+REPUSH_AFTER_S = 30.0
+"""A session's memory set pushed this long ago and still not held by the
+worker at a capture is pushed again (the worker evicted it, or the push failed)."""
 
 
 class VllmEngineServices:
@@ -71,7 +74,7 @@ class VllmEngineServices:
         self.embedder_name = embedder.name if embedder is not None else SERVED_STATE_EMBEDDER
         # recall in the worker needs its extension and the served model's state as the embedding
         self.worker_memory = WORKER_EXTENSION in worker_extension(engine_client) and embedder is None
-        self._pushed: dict[str, tuple[int, ...]] = {}  # session -> memory ids last pushed from here
+        self._pushed: dict[str, tuple[tuple[int, ...], float]] = {}  # session -> (ids, when) last pushed from here
         self._rpcs: set[asyncio.Task] = set()
         self._kv: tuple[float, float | None] = (0.0, None)  # (when read, value)
 
@@ -152,33 +155,45 @@ class VllmEngineServices:
         return kv_capacity_tokens(self.engine_client)
 
     # -- memory rows in the worker ----------------------------------------------------
-    def sync_memories(self, session: str, memories: Sequence[Memory]) -> None:
+    def sync_memories(self, session: str, memories: Sequence[Memory], held: Sequence[int] = ()) -> None:
         if not self.worker_memory:
             return
         ids = tuple(sorted(m.id for m in memories))
-        if self._pushed.get(session) == ids:
+        if ids == tuple(sorted(held)):
+            self._pushed.pop(session, None)
             return
-        self._pushed[session] = ids
-        # every embedding each time the set changes: the worker adds only the
-        # rows it lacks, and one pushed by another API process is never missing
-        rows = [(m.id, np.ascontiguousarray(m.embedding, dtype="<f4").tobytes()) for m in memories]
-        self._spawn(self._rpc(session, "pamer_memory_sync", session, [], rows))
+        pushed = self._pushed.get(session)
+        now = time.monotonic()
+        if pushed is not None and pushed[0] == ids and now - pushed[1] < REPUSH_AFTER_S:
+            return  # on its way: the next capture shows it held
+        # the rows the worker lacks; the ones it holds are kept (a worker that
+        # evicted them since shows it at the next capture, and gets them again)
+        kept = set(held)
+        rows = [(m.id, np.ascontiguousarray(m.embedding, dtype="<f4").tobytes()) for m in memories if m.id not in kept]
+        if self._spawn(self._rpc("pamer_memory_sync", session, [i for i in ids if i in kept], rows)):
+            self._pushed[session] = (ids, now)
 
     def drop_memories(self, session: str) -> None:
         """Free the session's rows in the worker (its session left this process)."""
-        if self.worker_memory and self._pushed.pop(session, None) is not None:
-            self._spawn(self._rpc(session, "pamer_memory_drop", session))
+        self._pushed.pop(session, None)
+        if self.worker_memory:
+            self._spawn(self._rpc("pamer_memory_drop", session))
 
-    def _spawn(self, coroutine: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coroutine)
+    def _spawn(self, coroutine: Any) -> bool:
+        try:
+            task = asyncio.get_running_loop().create_task(coroutine)
+        except RuntimeError:  # no loop running here: the API server scores them
+            coroutine.close()
+            return False
         self._rpcs.add(task)  # held until done: the loop keeps only weak references
         task.add_done_callback(self._rpcs.discard)
+        return True
 
-    async def _rpc(self, session: str, method: str, *args: Any) -> None:
+    async def _rpc(self, method: str, *args: Any) -> None:
         try:
-            await call_workers(self.engine_client, method, *args, timeout=RPC_TIMEOUT_S)
+            # no executor timeout: a late reply left in its queue would answer the next RPC
+            await asyncio.wait_for(call_workers(self.engine_client, method, *args, timeout=None), RPC_TIMEOUT_S)
         except Exception:  # the API server scores what the worker lacks
-            self._pushed.pop(session, None)  # pushed again next time
             logger.warning("vllm-pamer: %s for a session failed", method, exc_info=True)
 
     async def embed(self, text: str) -> np.ndarray:

@@ -11,7 +11,7 @@ How a step flows (one worker process, one ``WorkerCapture``):
    is the sampling call; later calls in the same step (prompt logprobs) find
    the capture disarmed.
 3. ``observe`` picks the rows of requests whose prompt prefill completes in
-   this step (``computed < prompt <= computed + scheduled``), skipping
+   this step at a sampled row (``ScheduledRequest.prompt_row``), skipping
    requests already captured (re-prefill after preemption), evaluates the
    five heads on them, searches their sessions' memory rows (``memory.py``)
    and publishes one record per request.
@@ -52,7 +52,11 @@ class _TorchHeads:
 
 
 class WorkerCapture:
-    def __init__(self, settings: Settings, fingerprint: ModelFingerprint, device: torch.device) -> None:
+    def __init__(
+        self, settings: Settings, fingerprint: ModelFingerprint, device: torch.device, memory: bool = False
+    ) -> None:
+        """``memory``: hold memory rows for recall (the API server can push them:
+        vLLM runs the plugin's worker extension)."""
         self.enabled = settings.capture
         self.heads: _TorchHeads | None = None
         if settings.heads:
@@ -61,7 +65,7 @@ class WorkerCapture:
             self.heads = _TorchHeads(heads, device)
         self.memory = (
             WorkerMemory(fingerprint.hidden_size, settings.memory_rows, device)
-            if self.enabled and settings.memory_rows
+            if memory and self.enabled and settings.memory_rows
             else None
         )
         self.publisher = CapturePublisher()
@@ -93,7 +97,7 @@ class WorkerCapture:
     # -- the capture itself ----------------------------------------------------
     def observe(self, hidden_states: torch.Tensor) -> None:
         step, self._armed = self._armed, None
-        if step is None or hidden_states is None:
+        if step is None or hidden_states is None or not step.prefilling:
             return
         picks = self._completed_prefill_rows(step, hidden_states.shape[0])
         if not picks:
@@ -138,13 +142,13 @@ class WorkerCapture:
         picks = []
         row = 0
         for request in step.requests():
-            row += request.logit_rows
-            if request.completes_prompt and request.req_id not in self.captured:
+            at = request.prompt_row()
+            if at is not None and request.req_id not in self.captured:
                 extra = step.extra_args(request.req_id)
-                # its last row is its last scheduled token: the prompt's last
-                picks.append(
-                    (row - 1, (request.req_id, extra.get(CAPTURE_KEY), extra.get(SESSION_KEY), request.prompt))
-                )
+                session = extra.get(SESSION_KEY)
+                session = session if isinstance(session, str) else None
+                picks.append((row + at, (request.req_id, extra.get(CAPTURE_KEY), session, request.prompt)))
+            row += request.logit_rows
         if row != num_rows:
             if not self._warned_layout:
                 logger.warning(
@@ -164,9 +168,9 @@ def get_worker_capture() -> WorkerCapture | None:
     return _worker_capture
 
 
-def init_worker_capture(fingerprint: ModelFingerprint, device: torch.device) -> WorkerCapture:
+def init_worker_capture(fingerprint: ModelFingerprint, device: torch.device, memory: bool) -> WorkerCapture:
     """Create this process's capture (once), loading and checking the heads."""
     global _worker_capture
     if _worker_capture is None:
-        _worker_capture = WorkerCapture(Settings.from_env(), fingerprint, device)
+        _worker_capture = WorkerCapture(Settings.from_env(), fingerprint, device, memory)
     return _worker_capture

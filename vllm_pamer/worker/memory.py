@@ -11,14 +11,16 @@ each capture record (``channel.CaptureRecord.recall``).
 
 The API server pushes rows through vLLM's ``collective_rpc``
 (``worker/extension.py``); the store stays the source of truth, and what
-the worker does not hold (not pushed yet, beyond its rows, another width) the
-API server scores itself (``core.recall.merge_recall``).
+the worker does not hold (not pushed yet, evicted, another width) the API
+server scores itself (``core.recall.merge_recall``). When the rows are full,
+the least recently used other session's rows make room.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 
 import numpy as np
@@ -26,7 +28,7 @@ import torch
 
 from vllm_pamer.core.recall import WorkerRecall
 from vllm_pamer.kernels import MAX_K
-from vllm_pamer.worker.memory_matrix import MatrixFull, MemoryMatrix
+from vllm_pamer.worker.memory_matrix import MemoryMatrix
 
 logger = logging.getLogger("vllm_pamer.memory")
 
@@ -36,10 +38,12 @@ class WorkerMemory:
         """``dim``: the served model's hidden size (memories embedded by its
         state); ``rows``: the matrix's fixed size (``Settings.memory_rows``)."""
         self.dim = dim
-        self.matrix = MemoryMatrix(dim, device=device, capacity=rows, max_capacity=rows)
+        # bf16 rows on a GPU halve the bytes held and read (scores accumulate in fp32)
+        dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+        self.matrix = MemoryMatrix(dim, device=device, dtype=dtype, capacity=rows, max_capacity=rows)
         self._numbers: dict[str, int] = {}
         self._next_number = 0
-        self._rows: dict[str, dict[int, int]] = {}  # session -> memory id -> row
+        self._rows: OrderedDict[str, dict[int, int]] = OrderedDict()  # session -> memory id -> row, least recent first
         self._lock = threading.Lock()  # RPCs and the step may run on different threads
         self._warned_full = False
 
@@ -56,6 +60,7 @@ class WorkerMemory:
         width are skipped. Returns the rows the session holds."""
         with self._lock:
             rows = self._rows.setdefault(session, {})
+            self._rows.move_to_end(session)
             wanted = set(keep) | {memory_id for memory_id, _ in add}
             for memory_id in [i for i in rows if i not in wanted]:
                 self.matrix.remove(rows.pop(memory_id))
@@ -64,26 +69,37 @@ class WorkerMemory:
                 vector = np.frombuffer(embedding, dtype="<f4")
                 if memory_id in rows or vector.shape[0] != self.dim:
                     continue
-                try:
-                    rows[memory_id] = self.matrix.add(number, torch.from_numpy(vector.copy()))
-                except MatrixFull:
+                if len(self.matrix) == self.matrix.capacity and not self._evict_one(keep=session):
                     if not self._warned_full:
                         logger.warning(
-                            "vllm-pamer: the worker's %d memory rows are full; the API server scores the rest "
-                            "(raise PAMER_MEMORY_ROWS)",
+                            "vllm-pamer: the worker's %d memory rows hold one session's memories; the API server "
+                            "scores the rest (raise PAMER_MEMORY_ROWS)",
                             self.matrix.capacity,
                         )
                         self._warned_full = True
                     break
+                rows[memory_id] = self.matrix.add(number, torch.from_numpy(vector.copy()))
             if not rows:
                 del self._rows[session]
             return len(rows)
 
     def drop(self, session: str) -> None:
         with self._lock:
-            for row in self._rows.pop(session, {}).values():
-                self.matrix.remove(row)
-            self._numbers.pop(session, None)
+            self._drop(session)
+
+    def _drop(self, session: str) -> None:
+        for row in self._rows.pop(session, {}).values():
+            self.matrix.remove(row)
+        self._numbers.pop(session, None)
+
+    def _evict_one(self, keep: str) -> bool:
+        """Free the least recently used other session's rows (its API server
+        scores its memories until it pushes them again); False: none to free."""
+        victim = next((s for s in self._rows if s != keep), None)
+        if victim is None:
+            return False
+        self._drop(victim)
+        return True
 
     def recall(self, sessions: Sequence[str | None], states: torch.Tensor) -> list[WorkerRecall | None]:
         """For each captured state [n, dim] the Top-K of its session's rows
@@ -94,6 +110,8 @@ class WorkerMemory:
             if not wanted:
                 return found
             numbers = [self._numbers[sessions[i]] for i in wanted]  # type: ignore[index]
+            for i in wanted:
+                self._rows.move_to_end(sessions[i])  # type: ignore[arg-type]
             indices, scores = self.matrix.topk(states[wanted].float(), numbers, MAX_K)
             indices, scores = indices.cpu().tolist(), scores.cpu().tolist()
             for j, i in enumerate(wanted):

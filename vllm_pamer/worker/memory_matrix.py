@@ -50,6 +50,7 @@ class MemoryMatrix:
         self.device = torch.device(device)
         self.dtype = dtype
         self._matrix = torch.zeros((capacity, self.dim), dtype=dtype, device=self.device)
+        self.device = self._matrix.device  # "cuda" resolved to its index now, whichever thread asks later
         self._sessions = torch.full((capacity,), -1, dtype=torch.int64, device=self.device)
         self._size = 0
         self._free_heap: list[int] = []  # may hold stale entries (rows trimmed off the end)

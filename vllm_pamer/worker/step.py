@@ -20,17 +20,30 @@ class ScheduledRequest(NamedTuple):
     prompt: int
     """Prompt length."""
 
-    @property
-    def completes_prompt(self) -> bool:
-        """The prompt prefill ends in this step, at its last scheduled token (a
-        request resumed after preemption re-prefills its output too: a chunk
-        running past the prompt samples no prompt state)."""
-        return self.computed < self.prompt == self.computed + self.scheduled
+    def prompt_row(self) -> int | None:
+        """Which of this request's logit rows holds its prompt's last token, or
+        None when this step samples no such row: the prompt ends in another
+        step, or within this step's tokens but not at a sampled one (a request
+        resumed after preemption re-prefills its output too). The logit rows
+        sit at the last ``logit_rows`` scheduled tokens; with speculative
+        decoding a one-token prompt remainder is padded with placeholder drafts,
+        so its prompt ends at the first of them."""
+        last = self.prompt - self.computed - 1  # the prompt's last token among this step's
+        first_sampled = self.scheduled - self.logit_rows
+        if self.logit_rows < 1 or not first_sampled <= last < self.scheduled:
+            return None
+        return last - first_sampled
 
 
 class StepView(Protocol):
     finished: Iterable[str]
     """Requests that ended before this step (their ids may be reused)."""
+
+    @property
+    def prefilling(self) -> bool:
+        """Some request of the step has prompt tokens left (else no capture:
+        most steps only decode)."""
+        ...
 
     def requests(self) -> list[ScheduledRequest]:
         """The step's requests in row order (unscheduled ones with 0 tokens).

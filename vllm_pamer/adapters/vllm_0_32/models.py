@@ -13,6 +13,7 @@ Nothing else in the forward pass changes, and no extra pass runs.
 
 from __future__ import annotations
 
+import logging
 from types import ModuleType
 from typing import Any
 
@@ -20,9 +21,12 @@ import torch
 
 from vllm_pamer.adapters.vllm_0_32 import worker_v1, worker_v2
 from vllm_pamer.adapters.vllm_0_32.worker_v1 import capture_rank
+from vllm_pamer.channel import WORKER_EXTENSION
 from vllm_pamer.core.heads import ModelFingerprint
 from vllm_pamer.settings import Settings
 from vllm_pamer.worker.capture import WorkerCapture, init_worker_capture
+
+logger = logging.getLogger("vllm_pamer.capture")
 
 
 class UnsupportedRunner(RuntimeError):
@@ -59,13 +63,21 @@ class _CaptureMixin:
             fingerprint = ModelFingerprint.from_hf_config(
                 model_config.hf_config, model_name=str(model_config.served_model_name or model_config.model)
             )
-            self._pamer_capture = init_worker_capture(fingerprint, vllm_config.device_config.device)
+            extension = str(getattr(vllm_config.parallel_config, "worker_extension_cls", "") or "")
+            self._pamer_capture = init_worker_capture(
+                fingerprint, vllm_config.device_config.device, memory=WORKER_EXTENSION in extension
+            )
             self._pamer_capture.attach_model(self)
             _runner_hooks(vllm_config).install_runner_hook()
 
     def compute_logits(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         if self._pamer_capture is not None:
-            self._pamer_capture.observe(hidden_states)
+            try:
+                self._pamer_capture.observe(hidden_states)
+            except Exception:  # never the engine's step: that request is reported not captured
+                if not getattr(self, "_pamer_failed", False):
+                    logger.exception("vllm-pamer: the capture failed in this step (logged once)")
+                    self._pamer_failed = True
         return super().compute_logits(hidden_states, *args, **kwargs)  # type: ignore[misc]
 
 

@@ -80,7 +80,7 @@ def worker_extension(engine_client: Any) -> str:
     return str(getattr(parallel, "worker_extension_cls", "") or "")
 
 
-async def call_workers(engine_client: Any, method: str, *args: Any, timeout: float) -> list[Any]:
+async def call_workers(engine_client: Any, method: str, *args: Any, timeout: float | None) -> list[Any]:
     """``method`` of the worker extension on every worker of every engine
     (``EngineClient.collective_rpc``; data-parallel engines all get it)."""
     return list(await engine_client.collective_rpc(method, timeout=timeout, args=args))

@@ -28,6 +28,12 @@ class V1Step:
         self.scheduler_output = scheduler_output
         self.finished: Iterable[str] = getattr(scheduler_output, "finished_req_ids", ()) or ()
 
+    @property
+    def prefilling(self) -> bool:
+        batch = self.runner.input_batch
+        n = len(batch.req_ids)
+        return bool((batch.num_computed_tokens_cpu[:n] < batch.num_prompt_tokens[:n]).any())
+
     def requests(self) -> list[ScheduledRequest]:
         batch = self.runner.input_batch
         scheduled = self.scheduler_output.num_scheduled_tokens

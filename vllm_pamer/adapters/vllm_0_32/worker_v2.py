@@ -41,6 +41,10 @@ class V2Step:
         self._extra_args = extra_args
         self.finished: Iterable[str] = finished
 
+    @property
+    def prefilling(self) -> bool:
+        return bool(self.input_batch.has_prefill)
+
     def _cu_num_logits(self) -> np.ndarray:
         batch = self.input_batch
         if getattr(self.runner, "adaptive_verification", None) is not None and batch.num_draft_tokens:

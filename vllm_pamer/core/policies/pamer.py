@@ -172,10 +172,7 @@ class Pamer(MemoryPolicy):
     ) -> list[Memory]:
         cfg = self.config
         query = self.captured_query(request, services, memories)
-        # Embeddings of another embedder are not comparable: those memories
-        # still cover their blocks but are not searched.
-        searchable = [m for m in memories if m.embedder == services.embedder_name]
-        chosen = None
+        captured = query is not None
         if query is None:
             query_text = serialize_messages(list(view.prefix[-1:]) + flatten(view.recent))[-cfg.query_chars :]
             query = await with_retries(
@@ -183,14 +180,22 @@ class Pamer(MemoryPolicy):
             )
         else:
             notes.append("query: state captured at the previous request")
-            if request.previous_recall is not None:  # searched in the worker at that capture
-                chosen = merge_recall(request.previous_recall, query, searchable, cfg.top_k)
-                if chosen is not None:
-                    notes.append("searched in the worker")
+        # Embeddings of another embedder, or of another width (a model changed
+        # under a kept store), are not comparable: those memories still cover
+        # their blocks but are not searched.
+        width = query.shape[0]
+        searchable = [m for m in memories if m.embedder == services.embedder_name and m.embedding.shape[0] == width]
+        chosen = None
+        found = request.previous_recall if captured else None
+        if found is not None:  # searched in the worker at that capture of the query
+            chosen = merge_recall(found, query, searchable, cfg.top_k)
+            if chosen is not None:
+                notes.append("searched in the worker")
         if chosen is None:
             chosen = cosine_top_k(query, searchable, cfg.top_k)
         if services.embedder_name == SERVED_STATE_EMBEDDER:  # the space the worker searches in
-            services.sync_memories(request.session_id, searchable)  # for the next capture's search
+            held = request.previous_recall.searched if request.previous_recall is not None else ()
+            services.sync_memories(request.session_id, searchable, held)  # for the next capture's search
         if cfg.stable_recall:
             chosen = self._stabilize(request.session_id, query, searchable, chosen)
         return chosen
