@@ -12,7 +12,13 @@ Workload: the first ``--steps`` requests of ``--trajectories`` shipped tau-bench
 trajectories, as an agent sends them (whole history each step), ``--concurrency``
 sessions at a time, greedy, ``--max-tokens`` each. Throughput = requests per
 second of wall time over the whole workload (prompt tokens per second is
-printed too). The goal on GPU is b/a >= 0.99.
+printed too). The goal is b/a >= 0.99.
+
+``--prompts same`` (default) measures the plugin at equal work: the plugin
+writes tool calls out as text for a chat template that drops them
+(``core/render.py``), so plain vLLM is sent the histories so rendered, and both
+sides prefill the same prompts (the printed prompt tokens show it).
+``--prompts as-sent`` sends both the agent's own messages, as a user sees it.
 """
 
 from __future__ import annotations
@@ -24,7 +30,9 @@ import time
 from pathlib import Path
 
 import httpx
+from transformers import AutoTokenizer
 
+from vllm_pamer.core.render import render_tools_as_text, template_supports_tools
 from vllm_pamer.default_model import DEFAULT_MODEL_NAME, ensure_default_model, shipped_heads
 from vllm_pamer.demo import ensure_demo_heads
 from vllm_pamer.replay.ab import interleaved_rounds
@@ -65,12 +73,17 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--serve-args", default="--enforce-eager", help="extra vLLM flags for both servers")
+    parser.add_argument("--prompts", choices=("same", "as-sent"), default="same", help="see the module doc")
     args = parser.parse_args()
 
     model_dir = ensure_default_model(quiet=True)
     heads = shipped_heads() or ensure_demo_heads(model_dir)
     trajectories = load_trajectories(kind="tau")[: args.trajectories]
     sessions = [[h for _, h in agent_requests(t["messages"])][: args.steps] for t in trajectories]
+    plain = sessions
+    if args.prompts == "same" and not template_supports_tools(AutoTokenizer.from_pretrained(model_dir).chat_template):
+        plain = [[render_tools_as_text(h) for h in steps] for steps in sessions]
+    by_side_sessions = (plain, sessions)
     sides = (
         ("a: plain vLLM", ["--pamer-off"]),
         ("b: plugin, capture + vote, policy none", ["--pamer-policy", "none", "--pamer-heads", str(heads)]),
@@ -80,8 +93,9 @@ def main() -> None:
         return ServerProcess([*sides[side][1], *args.serve_args.split()], None, log)
 
     def measure(side: int, server: ServerProcess) -> tuple[float, int, int]:
-        asyncio.run(workload(server.base_url, sessions[:1], 1, args.max_tokens))  # warm-up
-        return asyncio.run(workload(server.base_url, sessions, args.concurrency, args.max_tokens))
+        mine = by_side_sessions[side]
+        asyncio.run(workload(server.base_url, mine[:1], 1, args.max_tokens))  # warm-up
+        return asyncio.run(workload(server.base_url, mine, args.concurrency, args.max_tokens))
 
     def describe(side: int, result: tuple[float, int, int]) -> str:
         seconds, requests, prompt = result
@@ -103,7 +117,7 @@ def main() -> None:
     print(f"\nthroughput b/a: {b / a:.3f} (median of rates); per round: {', '.join(f'{p:.3f}' for p in pairs)}")
     print(
         f"workload: {len(sessions)} trajectories x {args.steps} steps, concurrency {args.concurrency}, "
-        f"max_tokens {args.max_tokens}; server logs in {logs}"
+        f"max_tokens {args.max_tokens}, prompts {args.prompts}; server logs in {logs}"
     )
 
 

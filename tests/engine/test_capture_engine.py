@@ -165,11 +165,16 @@ def test_preempted_and_resumed_requests_are_captured_once(tmp_path, tokenizer_di
     re-prefills them (prompt and output so far) later; each is still captured
     once, at its prompt's last token."""
     llm, collector, model_dir, heads = start_tiny_engine(
-        "llama", tmp_path, tokenizer_dir, num_gpu_blocks_override=24, disable_log_stats=False
+        # 9 blocks of 128 tokens (CPU): one request of the 1,024-token window fits, six growing ones do not
+        "llama",
+        tmp_path,
+        tokenizer_dir,
+        num_gpu_blocks_override=9,
+        disable_log_stats=False,
     )
     try:
         prompts = _prompts(heads.fingerprint.vocab_size, [90, 100, 110, 95, 105, 85], seed=4)
-        keys = _generate(llm, prompts, max_tokens=80, ignore_eos=True)
+        keys = _generate(llm, prompts, max_tokens=150, ignore_eos=True)
         records = collector.drain(expect=len(prompts))
         assert _counter(llm, "vllm:num_preemptions") > 0, "the batch was meant to be preempted"
         _check_states(records, keys, prompts, model_dir)

@@ -58,6 +58,9 @@ class PamerReport(msgspec.Struct):
 
     def add_capture(self, record: CaptureRecord | None) -> None:
         self.captured = record is not None
+        if record is not None and self.prompt_tokens_in is None and self.prompt_tokens_out is None:
+            # sent as received, and not counted here: the engine's own count
+            self.prompt_tokens_in = self.prompt_tokens_out = record.num_prompt_tokens
         if record is not None:
             self.head_logits = record.head_logits
             self.votes = record.votes

@@ -30,6 +30,7 @@ class PassThrough(MemoryPolicy):
     """``none``: send every request as the agent wrote it (capture still runs)."""
 
     name = "none"
+    counts_prompt = False
 
     async def rewrite(self, request: PolicyRequest) -> PolicyDecision:
         return PolicyDecision(request.conversation.messages(), "none")
