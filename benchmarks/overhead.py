@@ -19,17 +19,27 @@ writes tool calls out as text for a chat template that drops them
 (``core/render.py``), so plain vLLM is sent the histories so rendered, and both
 sides prefill the same prompts (the printed prompt tokens show it).
 ``--prompts as-sent`` sends both the agent's own messages, as a user sees it.
+
+``--pin-frontend`` (default on CPU) keeps each server's API and engine-core
+processes off the cores vLLM bound its worker to: vLLM's CPU backend binds the
+worker's threads and reserves the other cores for everything else
+(``VLLM_CPU_OMP_THREADS_BIND=auto``), but the other processes still float onto
+the worker's core and stall the model by chance, which moved single rounds by
+up to a tenth on two cores.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import time
 from pathlib import Path
 
 import httpx
+import psutil
+from tqdm import tqdm
 from transformers import AutoTokenizer
 
 from vllm_pamer.core.render import render_tools_as_text, template_supports_tools
@@ -65,6 +75,22 @@ async def workload(
         return time.perf_counter() - start, sum(done), prompt_tokens
 
 
+def pin_frontend(server: ServerProcess) -> str:
+    """Pin every thread of the server's processes but its workers' to the cores
+    the workers are not bound to; says what it did."""
+    tree = [psutil.Process(server.proc.pid), *psutil.Process(server.proc.pid).children(recursive=True)]
+    workers = [p for p in tree if "Worker" in p.name()]
+    worker_cores = {core for p in workers for t in p.threads() for core in os.sched_getaffinity(t.id)}
+    free = set(range(psutil.cpu_count() or 1)) - worker_cores
+    if not workers or not free:
+        return "not pinned (no free core)"
+    for process in tree:
+        if process not in workers:
+            for thread in process.threads():
+                os.sched_setaffinity(thread.id, free)
+    return f"frontend on cores {sorted(free)}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=2, help="runs of each side (default %(default)s)")
@@ -73,6 +99,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--serve-args", default="--enforce-eager", help="extra vLLM flags for both servers")
+    parser.add_argument(
+        "--pin-frontend", action=argparse.BooleanOptionalAction, default=True, help="see the module doc"
+    )
     parser.add_argument("--prompts", choices=("same", "as-sent"), default="same", help="see the module doc")
     args = parser.parse_args()
 
@@ -94,6 +123,8 @@ def main() -> None:
 
     def measure(side: int, server: ServerProcess) -> tuple[float, int, int]:
         mine = by_side_sessions[side]
+        if args.pin_frontend:
+            tqdm.write(f"{sides[side][0]}: {pin_frontend(server)}")
         asyncio.run(workload(server.base_url, mine[:1], 1, args.max_tokens))  # warm-up
         return asyncio.run(workload(server.base_url, mine, args.concurrency, args.max_tokens))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from vllm_pamer.adapters.serving import template_tools, validate_chat_request
+from vllm_pamer.channel import CaptureRecord
 from vllm_pamer.core.policies.sam import memory_tool
 from vllm_pamer.core.tokens import TokenCounter
 from vllm_pamer.server.output import PamerReport
@@ -86,3 +87,14 @@ def test_template_tools_follow_the_servers_tool_choice_none_rule(exclude, want):
     )
     tools = template_tools(request.tools, request.tool_choice, exclude_when_choice_none=exclude)
     assert (tools and [t["function"]["name"] for t in tools]) == want
+
+
+def test_report_takes_the_engines_prompt_count_when_the_policy_counted_none():
+    record = CaptureRecord(key="k", request_id="r", session_id=None, num_prompt_tokens=321, hidden=b"")
+    uncounted = PamerReport(session_id=None, policy="none", action="none")
+    uncounted.add_capture(record)
+    assert (uncounted.prompt_tokens_in, uncounted.prompt_tokens_out) == (321, 321)
+    counted = PamerReport(session_id=None, policy="pamer", action="rewritten", prompt_tokens_in=900)
+    counted.prompt_tokens_out = 300
+    counted.add_capture(record)  # the policy's own counts stay
+    assert (counted.prompt_tokens_in, counted.prompt_tokens_out) == (900, 300)
