@@ -7,7 +7,7 @@ embedders exist:
 * ``"served"`` (the default) - the served model's own final-norm hidden state
   at the last token of the text, read from the capture channel. It needs the
   running engine, so it lives in the server
-  (``vllm_pamer.server.engine_services.EngineServices.embed``; it records its
+  (``vllm_pamer.server.services.VllmEngineServices.embed``; it records its
   embeddings as ``"served-model-state"``) and is not built here.
 * ``"minilm"`` - sentence-transformers' all-MiniLM-L6-v2 (384-d, mean pooling
   over the last hidden layer, L2-normalised, inputs truncated to 256 word
@@ -191,7 +191,7 @@ def make_embedder(name: str, check: bool = True) -> Embedder:
     if name == DEFAULT_EMBEDDER:
         raise ValueError(
             "the 'served' embedder is the served model's own final-norm state; it is provided by "
-            "vllm_pamer.server.engine_services.EngineServices, not by make_embedder"
+            "vllm_pamer.server.services.VllmEngineServices, not by make_embedder"
         )
     try:
         cls = _EMBEDDERS[name]
