@@ -17,9 +17,11 @@ the tables to stdout at the end.
   the worker holds them); torch eager = ``five_head_vote_reference`` (two
   einsums, GELU, compare, sum).
 * cosine_topk: N in 1e3, 1e5, 1e6 at e = 1024 and 4096, B = 16 queries, k = 8,
-  16 sessions interleaved so every chunk of M holds rows of the queries'
-  sessions (the kernel's chunk skipping never helps: its worst case); torch
-  eager = ``torch.mm`` + session mask + ``torch.topk``.
+  16 sessions interleaved so every tile of M holds rows of the queries'
+  sessions (the kernel's tile skipping never helps: its worst case); torch
+  eager = ``torch.mm`` + session mask + ``torch.topk``. On CUDA it also times
+  the torch path ``cosine_topk`` runs otherwise (norms, tie order) and prints
+  the size from which the Triton kernel beat it: ``TRITON_FROM_ROWS``.
 
 On CUDA every rep starts with a 256 MiB write so L2 holds nothing of the
 inputs, and times come from CUDA events. On CPU the fused kernels cannot run
@@ -159,8 +161,11 @@ def topk_torch_eager(q, qs, m, rs, k):
     return s.topk(k, dim=1)
 
 
-def bench_topk(timer, device, fused, sizes, dims, batch, k, dtype, cpu_max_bytes) -> tuple[list[str], list[str]]:
-    rows, graph_rows = [], []
+def bench_topk(
+    timer, device, fused, sizes, dims, batch, k, dtype, cpu_max_bytes
+) -> tuple[list[str], list[str], list[tuple[int, int, float, float]]]:
+    """Table rows, GPU-time rows, and (N, e, torch path s, Triton s) for the dispatch."""
+    rows, graph_rows, dispatch = [], [], []
     g = torch.Generator(device="cpu").manual_seed(1)
     if fused:
         from vllm_pamer.kernels import cosine_topk_triton
@@ -195,6 +200,8 @@ def bench_topk(timer, device, fused, sizes, dims, batch, k, dtype, cpu_max_bytes
                 graph_rows.append(
                     f"| {n:,} | {e} | {fmt_time(e_g)} | {fmt_time(f_g)} | {ratio(e_g, f_g)} | {ratio(f_g, floor)} |"
                 )
+                # what cosine_topk runs when it does not run the kernel
+                dispatch.append((n, e, timer(lambda: cosine_topk_reference(q, qs, m, rs, k)), fused_t))
             else:
                 path = timer(lambda: cosine_topk_reference(q, qs, m, rs, k))
             rows.append(
@@ -205,7 +212,21 @@ def bench_topk(timer, device, fused, sizes, dims, batch, k, dtype, cpu_max_bytes
             )
             tqdm.write(rows[-1], file=sys.stderr)
             del m
-    return rows, graph_rows
+    return rows, graph_rows, dispatch
+
+
+def triton_from_rows(dispatch: list[tuple[int, int, float, float]]) -> int | None:
+    """The smallest measured N from which the Triton kernel beat the torch path
+    at every e and every larger N (``kernels.cosine_topk.TRITON_FROM_ROWS``);
+    None when it never did."""
+    sizes = sorted({n for n, *_ in dispatch})
+    wins = {n: all(t < path for m, _, path, t in dispatch if m == n) for n in sizes}
+    start = None
+    for n in reversed(sizes):
+        if not wins[n]:
+            break
+        start = n
+    return start
 
 
 def sweep(timer: Timer, device: torch.device) -> list[str]:
@@ -298,7 +319,9 @@ def main() -> None:
     dims = [1024] if args.quick else [1024, 4096]
     vote_rows, vote_graph = bench_vote(timer, device, fused, batches, d=4096)
     topk_dtype = torch.bfloat16 if fused else torch.float32
-    topk_rows, topk_graph = bench_topk(timer, device, fused, sizes, dims, 16, 8, topk_dtype, args.cpu_max_bytes)
+    topk_rows, topk_graph, dispatch = bench_topk(
+        timer, device, fused, sizes, dims, 16, 8, topk_dtype, args.cpu_max_bytes
+    )
 
     print("\n## five_head_vote (d = 4096, 5 heads x 256, min_votes = 3)\n")
     print(
@@ -320,6 +343,13 @@ def main() -> None:
         print("| B or N | d or e | torch eager | fused Triton | speed-up | fused x floor |")
         print("|---|---|---|---|---|---|")
         print("\n".join(vote_graph + topk_graph))
+    if fused:
+        print("\n## cosine_topk dispatch (caller-visible; both answer the contract: ties by lower row)\n")
+        print("| N | e | torch path (cosine_topk_reference) | Triton tile pass + merge | Triton speed-up |")
+        print("|---|---|---|---|---|")
+        for n, e, path, t in dispatch:
+            print(f"| {n:,} | {e} | {fmt_time(path)} | {fmt_time(t)} | {ratio(path, t)} |")
+        print(f"\nTRITON_FROM_ROWS measured: {triton_from_rows(dispatch)} (kernels/cosine_topk.py)")
     if fused and args.sweep:
         print("\n## Tile sweep (GPU time, graph replay; config {} = the launcher's default plan)\n")
         print("| kernel | case | default plan | best | best config | default / best |")

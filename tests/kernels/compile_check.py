@@ -60,29 +60,26 @@ def vote_variant(B, d, x_dtype, w_dtype, arch=90):
 
 def topk_variant(B, N, e, k, dtype, arch=90):
     """What cosine_topk_triton would compile for these shapes on an H200."""
-    p = topk.plan(B, N, e, k, dtype, dtype, interpreted=False, programs=4 * H200_SMS, precision="tf32x3")
+    p = topk.plan(B, N, e, k, dtype, dtype, interpreted=False, precision="tf32x3")
     ptrs = dict(
         q_ptr=f"*{TY[dtype]}",
         m_ptr=f"*{TY[dtype]}",
         qsess_ptr="*i64",
         rsess_ptr="*i64",
-        idx_ptr="*i64",
-        score_ptr="*fp32",
-        part_s_ptr="*fp32",
-        part_i_ptr="*i32",
-        count_ptr="*i32",
+        key_ptr="*i64",
     )
     name = f"cosine_topk B={B} N={N} e={e} k={k} {TY[dtype]} grid={p['grid']}"
-    return name, topk._cosine_topk_kernel, ptrs, p, arch
+    return name, topk._tile_topk_kernel, ptrs, p, arch
 
 
 VARIANTS = [
     vote_variant(1, 4096, torch.bfloat16, torch.float32),  # the worker's case: d split
     vote_variant(128, 4096, torch.bfloat16, torch.float32),
     vote_variant(64, 5120, torch.bfloat16, torch.bfloat16),  # tensor-core path
-    topk_variant(1, 1_000_000, 1024, 8, torch.bfloat16),  # N split, final merge
+    topk_variant(1, 1_000_000, 1024, 8, torch.bfloat16),  # one query
     topk_variant(16, 1_000_000, 4096, 8, torch.float32),
     topk_variant(512, 100_000, 1024, 5, torch.bfloat16),  # BLOCK_B = 64
+    topk_variant(64, 100_000, 4096, 8, torch.float32),
     topk_variant(16, 1_000_000, 1024, 8, torch.bfloat16, arch=80),
 ]
 

@@ -1,4 +1,4 @@
-"""The fused cosine Top-K Triton kernel under the Triton interpreter (CPU
+"""The cosine Top-K Triton kernel (tile pass + merge) under the Triton interpreter (CPU
 tensors) against the float64 oracle. Not collected by a plain ``pytest``
 (no test_ prefix): ``test_triton_interpreter.py`` runs this module in a fresh
 process with TRITON_INTERPRET=1 (see there why). N stays in the thousands
@@ -22,10 +22,10 @@ from tests.kernels.oracles import (
     topk_problem,
 )
 from vllm_pamer.kernels import cosine_topk_reference, cosine_topk_triton
-from vllm_pamer.kernels._cosine_topk_triton import _cosine_topk_kernel
+from vllm_pamer.kernels._cosine_topk_triton import _tile_topk_kernel
 from vllm_pamer.kernels._triton_utils import is_interpreted
 
-if not is_interpreted(_cosine_topk_kernel):
+if not is_interpreted(_tile_topk_kernel):
     pytest.skip("needs TRITON_INTERPRET=1 before the kernel module is imported", allow_module_level=True)
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -57,36 +57,35 @@ def test_topk_matches_float64(batch, e, dtype):
 
 @pytest.mark.parametrize("k", [1, 2, 3, 5, 8])
 def test_topk_every_k(k):
-    _run(topk_problem(7, 1000, 384, seed=k), k, num_splits=3, block_n=64)
+    _run(topk_problem(7, 1000, 384, seed=k), k, block_n=64)
 
 
 @pytest.mark.parametrize(
     "batch,n,e,config",
     [
-        (7, 3000, 384, dict(num_splits=5, block_n=64)),  # 5 slices of 10 chunks
-        (64, 2000, 1024, dict(num_splits=3, block_b=32)),  # 2 B-blocks x 3 slices
-        (20, 777, 384, dict(num_splits=7, block_n=32, block_e=128)),  # ragged B, N and e blocks
-        (1, 2100, 384, dict(num_splits=33, block_n=32)),  # final merge over 3 blocks of slices
+        (7, 3000, 384, dict(block_n=64)),  # 47 tiles
+        (64, 2000, 1024, dict(block_b=32)),  # 2 B-blocks
+        (20, 777, 384, dict(block_n=32, block_e=128)),  # ragged B, N and e blocks
+        (1, 2100, 384, dict(block_n=16)),  # 132 tiles for one query
     ],
 )
-def test_topk_split_paths(batch, n, e, config):
-    """Slices of N merged in the same launch by the last program to arrive."""
+def test_topk_tile_paths(batch, n, e, config):
+    """Many tiles' candidates merged into one list per query."""
     _run(topk_problem(batch, n, e, torch.bfloat16, seed=n), 8, **config)
 
 
 @pytest.mark.parametrize(
     "config",
     [
-        dict(),  # one slice, two chunks
-        dict(block_n=32),  # one slice, ten chunks: ties between chunks
-        dict(num_splits=6, block_n=32),  # ties between slices
-        dict(num_splits=19, block_n=16),  # ... and between blocks of slices at the final merge
-        dict(num_splits=3, block_b=16),  # two B-blocks
+        dict(),  # two tiles
+        dict(block_n=32),  # ten tiles: ties between tiles
+        dict(block_n=16),  # nineteen
+        dict(block_b=16),  # two B-blocks
     ],
 )
 def test_topk_ties_by_lower_row(config):
     """Exact duplicates everywhere: equal scores must come lowest row first,
-    across chunks and across slices, exactly as the oracle orders them."""
+    within a tile and across tiles, exactly as the oracle orders them."""
     problem = tie_problem(batch=20, n=300)
     want = topk_exact_oracle(*problem, 8)
     indices, scores = cosine_topk_triton(*problem, 8, **config)
@@ -96,14 +95,14 @@ def test_topk_ties_by_lower_row(config):
 
 
 def test_topk_clustered_sessions_skip_chunks():
-    """Each session's rows contiguous: most chunks hold none of a query's
+    """Each session's rows contiguous: most tiles hold none of a query's
     session and are skipped without reading M."""
     queries, query_sessions, matrix, _ = topk_problem(7, 2000, 384, seed=9)
     row_sessions = torch.arange(2000, dtype=torch.int64) // 400  # sessions 0..4, 400 rows each
     row_sessions[1000:1010] = -1
     query_sessions = torch.tensor([0, 2, 4, 4, 1, 5, 3])
     _run((queries, query_sessions, matrix, row_sessions), 8, block_n=64)
-    _run((queries, query_sessions, matrix, row_sessions), 8, block_n=64, num_splits=4)
+    _run((queries, query_sessions, matrix, row_sessions), 8, block_n=16)
 
 
 def test_topk_mixed_dtypes_and_strided_queries():
@@ -112,13 +111,13 @@ def test_topk_mixed_dtypes_and_strided_queries():
     wide = torch.randn(7, 768)
     wide[:, ::2] = queries
     problem = (wide[:, ::2], query_sessions, matrix.bfloat16(), row_sessions)
-    _run(problem, 5, num_splits=2)
+    _run(problem, 5, block_n=128)
 
 
 def test_topk_nothing_to_match():
     queries, query_sessions, matrix, row_sessions = topk_problem(7, 400, 384, seed=2)
     free = torch.full_like(row_sessions, -1)
-    indices, scores = cosine_topk_triton(queries, query_sessions, matrix, free, 4, num_splits=2)
+    indices, scores = cosine_topk_triton(queries, query_sessions, matrix, free, 4, block_n=128)
     assert (indices == -1).all() and torch.isneginf(scores).all()
     indices, scores = cosine_topk_triton(queries, query_sessions, matrix[:0], row_sessions[:0], 4)
     assert (indices == -1).all() and torch.isneginf(scores).all()
@@ -128,6 +127,6 @@ def test_topk_nothing_to_match():
 
 def test_topk_deterministic():
     problem = topk_problem(7, 1000, 384, torch.bfloat16, seed=1)
-    first = cosine_topk_triton(*problem, 8, num_splits=4, block_n=64)
-    second = cosine_topk_triton(*problem, 8, num_splits=4, block_n=64)
+    first = cosine_topk_triton(*problem, 8, block_n=64)
+    second = cosine_topk_triton(*problem, 8, block_n=64)
     assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])

@@ -105,9 +105,12 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GP
 
 
 @cuda
+@pytest.mark.parametrize("from_rows", [None, 10_000, 30_000])
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("batch", [1, 7, 64, 512])
-def test_cuda_dispatch_uses_triton_and_matches(batch, dtype, monkeypatch):
+def test_cuda_dispatch_by_measured_size_and_both_paths_match(batch, dtype, from_rows, monkeypatch):
+    """Triton from ``TRITON_FROM_ROWS`` rows up, torch below it or when unset;
+    either way the contract's answer."""
     # not `import kernels.cosine_topk as module`: the package re-exports the function
     # under the module's name, and that import form returns the attribute
     module = importlib.import_module("vllm_pamer.kernels.cosine_topk")
@@ -115,10 +118,11 @@ def test_cuda_dispatch_uses_triton_and_matches(batch, dtype, monkeypatch):
     calls = []
     launch = module.cosine_topk_triton
     monkeypatch.setattr(module, "cosine_topk_triton", lambda *a, **k: calls.append(1) or launch(*a, **k))
+    monkeypatch.setattr(module, "TRITON_FROM_ROWS", from_rows)
     problem = topk_problem(batch, 20000, 1024, DTYPES[dtype], seed=batch)
     got = cosine_topk(*(t.cuda() for t in problem), 8)
-    assert calls and got[0].is_cuda
+    assert bool(calls) == (from_rows is not None and from_rows <= 20000) and got[0].is_cuda
     check_topk(got, *problem, 8)
     ties = tie_problem(batch=20, n=3000)
-    indices, _ = cosine_topk(*(t.cuda() for t in ties), 8)
+    indices, _ = module.cosine_topk_triton(*(t.cuda() for t in ties), 8)
     np.testing.assert_array_equal(indices.cpu().numpy(), topk_exact_oracle(*ties, 8))

@@ -1,9 +1,9 @@
 """Cosine Top-K over a memory matrix, each query seeing only its own session.
 
 ``cosine_topk(queries, query_sessions, matrix, row_sessions, k)`` is the
-function callers use; it dispatches on the device of ``queries``: CUDA tensors
-run the fused Triton kernel (``_cosine_topk_triton``), CPU tensors run the
-torch reference below, which is also the oracle for tests.
+function callers use. It runs the torch path below (also the tests' oracle)
+unless the Triton kernel (``_cosine_topk_triton``) was measured faster for
+the call's size on a GPU: ``TRITON_FROM_ROWS``.
 
 Contract (both paths):
 
@@ -116,8 +116,17 @@ def cosine_topk_reference(
     return best_i, best_s if dtype == torch.float64 else best_s.float()
 
 
+TRITON_FROM_ROWS: int | None = None
+"""Rows of the matrix from which the Triton kernel beats the torch path on a
+GPU, as ``benchmarks/kernels.py`` measures and prints it; None: it has not
+been measured to win, so every call runs torch. The earlier fused design took
+0.43-0.54x torch's speed from 1e5 rows up on an H200
+(``benchmarks/results/kernels_h200.md``); the tile pass that replaced it has
+not run on a GPU yet."""
+
+
 def cosine_topk_triton(*args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-    """The fused Triton kernel (CUDA tensors, or CPU tensors under
+    """The Triton kernel (CUDA tensors, or CPU tensors under
     TRITON_INTERPRET=1). See ``kernels._cosine_topk_triton``."""
     from vllm_pamer.kernels._cosine_topk_triton import cosine_topk_triton as launch
 
@@ -131,7 +140,14 @@ def cosine_topk(
     row_sessions: torch.Tensor,
     k: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dispatching entry point: CUDA -> fused Triton kernel, CPU -> torch."""
-    if queries.is_cuda and torch.float64 not in (queries.dtype, matrix.dtype) and triton_available():
+    """Dispatching entry point: the Triton kernel where it was measured faster
+    (CUDA, at least ``TRITON_FROM_ROWS`` rows), else torch."""
+    if (
+        TRITON_FROM_ROWS is not None
+        and matrix.shape[0] >= TRITON_FROM_ROWS
+        and queries.is_cuda
+        and torch.float64 not in (queries.dtype, matrix.dtype)
+        and triton_available()
+    ):
         return cosine_topk_triton(queries, query_sessions, matrix, row_sessions, k)
     return cosine_topk_reference(queries, query_sessions, matrix, row_sessions, k)
