@@ -13,9 +13,11 @@ once) runs at the device's copy bandwidth; floor = bytes read / copy bandwidth
 bandwidth-bound at copy speed. Progress and rows go to stderr as they come,
 the tables to stdout at the end.
 
-* five_head_vote: B in 1, 16, 128, 512 at d = 4096; rows bf16, heads fp32 (how
-  the worker holds them); torch eager = ``five_head_vote_reference`` (two
-  einsums, GELU, compare, sum).
+* five_head_vote: B in 1, 16, 128, 512 at d = 4096; rows bf16, heads fp32;
+  torch eager = ``five_head_vote_reference`` (two einsums, GELU, compare,
+  sum); "held" = ``FiveHeadVote`` as the worker calls it (a copy of the rows
+  and a CUDA graph replay per call), with fp32 and with bf16 W1 (the worker's
+  choice on CUDA).
 * cosine_topk: N in 1e3, 1e5, 1e6 at e = 1024 and 4096, B = 16 queries, k = 8,
   16 sessions interleaved so every tile of M holds rows of the queries'
   sessions (the kernel's tile skipping never helps: its worst case); torch
@@ -85,7 +87,7 @@ class Timer:
                 fn()
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            with torch.cuda.graph(graph, stream=side):  # the stream fn's scratch was made on
                 fn()
         except Exception as exc:
             tqdm.write(f"graph capture failed: {exc!r}", file=sys.stderr)
@@ -127,18 +129,24 @@ def bench_vote(timer: Timer, device: torch.device, fused: bool, batches, d: int)
     b1, w2 = (0.1 * torch.randn(5, 256, generator=g)).to(device), (torch.randn(5, 256, generator=g) / 16).to(device)
     b2, thr = (0.1 * torch.randn(5, generator=g)).to(device), torch.zeros(5, device=device)
     if fused:
-        from vllm_pamer.kernels import five_head_vote_triton
+        from vllm_pamer.kernels import FiveHeadVote, five_head_vote_triton
+
+        # as the worker holds them: one graph per batch bucket, fp32 or bf16 W1
+        held = FiveHeadVote(w1, b1, w2, b2, thr, 3, device)
+        held16 = FiveHeadVote(w1, b1, w2, b2, thr, 3, device, bf16_heads=True)
     for B in tqdm(batches, desc="five_head_vote", leave=False):
         x = torch.randn(B, d, generator=g).to(device=device, dtype=torch.bfloat16)
         args = (x, w1, b1, w2, b2, thr, 3)
         read = nbytes(x, w1, b1, w2, b2, thr)
         floor = read / timer.copy_bandwidth(read)
         eager = timer(lambda: five_head_vote_reference(*args))
-        fused_t = None
+        fused_t = held_t = held16_t = None
         if fused:
             want, got = five_head_vote_reference(*args), five_head_vote_triton(*args)
             torch.testing.assert_close(got[0], want[0], atol=1e-3, rtol=1e-3)  # a sanity check, not the test
             fused_t = timer(lambda: five_head_vote_triton(*args))
+            torch.testing.assert_close(held(x)[0], want[0], atol=1e-3, rtol=1e-3)
+            held_t, held16_t = timer(lambda: held(x)), timer(lambda: held16(x))
             e_g, f_g = (
                 timer.graph(lambda: five_head_vote_reference(*args)),
                 timer.graph(lambda: five_head_vote_triton(*args)),
@@ -148,6 +156,7 @@ def bench_vote(timer: Timer, device: torch.device, fused: bool, batches, d: int)
             )
         rows.append(
             f"| {B} | {d} | bf16 / fp32 | {fmt_time(eager)} | {fmt_time(fused_t)} | {ratio(eager, fused_t)} "
+            f"| {fmt_time(held_t)} | {ratio(eager, held_t)} | {fmt_time(held16_t)} | {ratio(eager, held16_t)} "
             f"| {read / 2**20:.1f} MiB | {fmt_time(floor)} | {ratio(eager, floor)} | {ratio(fused_t, floor)} |"
         )
         tqdm.write(rows[-1], file=sys.stderr)
@@ -325,10 +334,10 @@ def main() -> None:
 
     print("\n## five_head_vote (d = 4096, 5 heads x 256, min_votes = 3)\n")
     print(
-        "| B | d | x / heads | torch eager | fused Triton | speed-up | bytes read | floor | "
-        "eager x floor | fused x floor |"
+        "| B | d | x / heads | torch eager | fused Triton | speed-up | held, graph | speed-up "
+        "| held, bf16 heads, graph | speed-up | bytes read | floor | eager x floor | fused x floor |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(vote_rows))
     second = "fused Triton" if fused else "torch path (cosine_topk on CPU)"
     print("\n## cosine_topk (B = 16 queries, k = 8, 16 interleaved sessions)\n")

@@ -76,6 +76,7 @@ VARIANTS = [
     vote_variant(1, 4096, torch.bfloat16, torch.float32),  # the worker's case: d split
     vote_variant(128, 4096, torch.bfloat16, torch.float32),
     vote_variant(64, 5120, torch.bfloat16, torch.bfloat16),  # tensor-core path
+    vote_variant(16, 4096, torch.bfloat16, torch.bfloat16),  # the worker on CUDA: bf16 heads, d split
     topk_variant(1, 1_000_000, 1024, 8, torch.bfloat16),  # one query
     topk_variant(16, 1_000_000, 4096, 8, torch.float32),
     topk_variant(512, 100_000, 1024, 5, torch.bfloat16),  # BLOCK_B = 64

@@ -105,3 +105,18 @@ def test_vote_deterministic_and_empty_batch():
     logits, votes, decision = five_head_vote_triton(*args, 3)
     assert logits.shape == (0, 5) and votes.shape == (0,) and decision.shape == (0,)
     np.testing.assert_array_equal(votes.numpy(), [])
+
+
+def test_vote_scratch_is_kept_and_left_zeroed():
+    """A second call of a shape reuses its scratch: the kernel zeroed the
+    counters it used (else that call would finish early with partial sums)."""
+    from vllm_pamer.kernels._five_head_vote_triton import _SCRATCH
+
+    args, logits64 = vote_problem(7, 576, seed=11)
+    for _ in range(3):
+        _run(args, logits64, num_splits=3, block_w=64, block_d=64)
+    used = [counters for counters, _, _ in _SCRATCH.values()]
+    assert used and all(int(c.abs().sum()) == 0 for c in used)
+    before = len(_SCRATCH)
+    _run(args, logits64, num_splits=3, block_w=64, block_d=64)
+    assert len(_SCRATCH) == before

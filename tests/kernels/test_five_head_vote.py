@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.kernels.oracles import check_vote, vote_problem
-from vllm_pamer.kernels import five_head_vote, five_head_vote_reference
+from vllm_pamer.kernels import FiveHeadVote, five_head_vote, five_head_vote_reference
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -37,6 +37,19 @@ def test_reference_large_batch_and_float64():
 def test_dispatch_on_cpu_is_the_reference():
     args, _ = vote_problem(7, 576, x_dtype=torch.bfloat16, seed=2)
     for got, want in zip(five_head_vote(*args, min_votes=2), five_head_vote_reference(*args, min_votes=2)):
+        assert torch.equal(got, want)
+
+
+def test_held_heads_on_cpu_are_the_reference():
+    args, _ = vote_problem(7, 576, x_dtype=torch.bfloat16, seed=3)
+    held = FiveHeadVote(*args[1:], min_votes=3, device="cpu")
+    for got, want in zip(held(args[0]), five_head_vote_reference(*args, min_votes=3)):
+        assert torch.equal(got, want)
+    # bf16 heads: the reference over the rounded weights
+    held16 = FiveHeadVote(*args[1:], min_votes=3, device="cpu", bf16_heads=True)
+    assert held16.w1_bf16 is not None and held16.w1_bf16.dtype == torch.bfloat16
+    rounded = (args[0], args[1].bfloat16(), *args[2:])
+    for got, want in zip(held16(args[0]), five_head_vote_reference(*rounded, min_votes=3)):
         assert torch.equal(got, want)
 
 
@@ -74,3 +87,20 @@ def test_cuda_dispatch_uses_triton_and_matches(batch, x_dtype, monkeypatch):
     # bf16 rows and heads: the tensor-core path
     args16, logits16 = vote_problem(batch, 4096, x_dtype=torch.bfloat16, w_dtype=torch.bfloat16, seed=batch)
     check_vote(five_head_vote(*[t.cuda() for t in args16], min_votes=3), logits16, args16[5], 3)
+
+
+@cuda
+@pytest.mark.parametrize("bf16_heads", [False, True])
+def test_cuda_graph_replays_equal_direct_launches(bf16_heads):
+    """Each bucket captured once and replayed: every batch size from 1 to past
+    the largest graph gives what a direct launch gives."""
+    args, _ = vote_problem(600, 4096, x_dtype=torch.bfloat16, seed=5)
+    cuda_args = [t.cuda() for t in args]
+    held = FiveHeadVote(*cuda_args[1:], min_votes=3, device="cuda", bf16_heads=bf16_heads)
+    for rows in (1, 2, 3, 7, 16, 9, 100, 512, 600, 1):
+        x = cuda_args[0][:rows]
+        got = [t.clone() for t in held(x)]
+        want = held.direct(x)
+        for g, w in zip(got, want):
+            assert torch.equal(g, w), rows
+    assert held.graphs and len(held._graphs) == 7  # buckets 1, 2, 4, 8, 16, 128, 512; 600 launched directly

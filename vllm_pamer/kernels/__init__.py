@@ -9,10 +9,16 @@ from __future__ import annotations
 
 from vllm_pamer.kernels._common import MAX_K, triton_available
 from vllm_pamer.kernels.cosine_topk import cosine_topk, cosine_topk_reference, cosine_topk_triton
-from vllm_pamer.kernels.five_head_vote import five_head_vote, five_head_vote_reference, five_head_vote_triton
+from vllm_pamer.kernels.five_head_vote import (
+    FiveHeadVote,
+    five_head_vote,
+    five_head_vote_reference,
+    five_head_vote_triton,
+)
 
 __all__ = [
     "MAX_K",
+    "FiveHeadVote",
     "cosine_topk",
     "cosine_topk_reference",
     "cosine_topk_triton",

@@ -221,8 +221,8 @@ def cosine_topk_triton(
         indices = torch.full((B, k), -1, dtype=torch.int64, device=device)
         scores = torch.full((B, k), float("-inf"), dtype=torch.float32, device=device)
         return _into(out, indices, scores)
-    if N >= _INT32_MAX:
-        raise ValueError("row numbers are int32 inside the kernel: N must be < 2**31 - 1")
+    if N >= _INT32_MAX - 4096:  # rows of the last tile stay below 2**31
+        raise ValueError("row numbers are int32 inside the kernel: N must be < 2**31 - 4097")
 
     interpreted = is_interpreted(_tile_topk_kernel)
     p = plan(

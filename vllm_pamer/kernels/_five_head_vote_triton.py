@@ -19,9 +19,11 @@ counters; no float atomics, so results are deterministic):
 3. the last W-block program of a B-block sums the contributions in fixed
    order, adds b2, and writes logits, votes and the decision.
 
-The counters live in one zeroed int32 buffer allocated per call (a memset, not
-a kernel); partial buffers need no initialisation: every slot is written before
-the counter that publishes it is bumped. No host synchronisation.
+Scratch persists between calls (``_scratch``): the counters are zeroed once,
+when first allocated, and the last program to use each counter sets it back
+to zero; partial buffers need no initialisation: every slot is written before
+the counter that publishes it is bumped. So a call allocates nothing and
+launches one kernel (no memset), and no host synchronisation.
 """
 
 from __future__ import annotations
@@ -127,6 +129,8 @@ def _five_head_vote_kernel(
 
     if tile_done:
         if N_SPLITS > 1:
+            # every slice has arrived: zero the counter for the next launch
+            tl.atomic_xchg(tile_count_ptr + pid_b * n_wtiles + wtile, 0)
             # fixed slice order, whichever program arrived last: deterministic
             acc = tl.zeros([BLOCK_B, BLOCK_W], dtype=tl.float32)
             for s in range(N_SPLITS):
@@ -142,6 +146,7 @@ def _five_head_vote_kernel(
 
         # 3. the last tile of this B-block finishes the heads and votes
         if arrived_b == n_wtiles - 1:
+            tl.atomic_xchg(block_count_ptr + pid_b, 0)  # every tile has arrived
             hs = tl.arange(0, HPAD)
             hmask = hs < H
             m2 = rmask[:, None] & hmask[None, :]
@@ -220,6 +225,33 @@ def plan(
     )
 
 
+_SCRATCH: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+
+def _scratch(
+    device: torch.device, n_counters: int, n_wtiles: int, B: int, splits: int, hidden: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The launch's counters (zero: the kernel leaves them so) and partial
+    buffers, one set per device, stream and shape, kept for the life of the
+    process: launches on one stream run in order, so they share them safely,
+    and a CUDA graph that captured a launch (``FiveHeadVote``) may keep
+    writing them. A process votes at few shapes (the worker: one per batch
+    bucket), so few sets are ever made."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (device, stream, n_counters, n_wtiles, B, splits, hidden)
+    found = _SCRATCH.get(key)
+    if found is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            # zeros made inside a capture are zeroed only when the graph runs
+            raise RuntimeError("five_head_vote: call once on the capturing stream before capturing it in a graph")
+        found = _SCRATCH[key] = (
+            torch.zeros(n_counters, dtype=torch.int32, device=device),
+            torch.empty((n_wtiles, B), dtype=torch.float32, device=device),
+            torch.empty((splits, B, hidden) if splits > 1 else (1,), dtype=torch.float32, device=device),
+        )
+    return found
+
+
 def five_head_vote_triton(
     x: torch.Tensor,
     w1: torch.Tensor,
@@ -283,10 +315,8 @@ def five_head_vote_triton(
     splits, n_bblocks, n_wtiles = p["constexprs"]["N_SPLITS"], p["n_bblocks"], H * p["n_wb"]
     b1c, w2c = b1.contiguous(), w2.contiguous()
     b2c, thrc = b2.contiguous(), thresholds.contiguous()
-    # one memset: per-tile counters, then per-B-block counters
-    counters = torch.zeros(n_bblocks * n_wtiles + n_bblocks, dtype=torch.int32, device=device)
-    lpart = torch.empty((n_wtiles, B), dtype=torch.float32, device=device)
-    hpart = torch.empty((splits, B, H * W) if splits > 1 else (1,), dtype=torch.float32, device=device)
+    # per-tile counters, then per-B-block counters; then the partials
+    counters, lpart, hpart = _scratch(device, n_bblocks * n_wtiles + n_bblocks, n_wtiles, B, splits, H * W)
     if poison_scratch:
         lpart.fill_(float("nan"))
         hpart.fill_(float("nan"))

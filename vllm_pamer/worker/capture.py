@@ -20,6 +20,7 @@ How a step flows (one worker process, one ``WorkerCapture``):
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -30,25 +31,22 @@ from vllm_pamer.worker.layer_taps import LayerTaps, parse_layers
 from vllm_pamer.worker.memory import WorkerMemory
 from vllm_pamer.worker.step import StepView
 
+if TYPE_CHECKING:
+    from vllm_pamer.kernels import FiveHeadVote
+
 logger = logging.getLogger("vllm_pamer.capture")
 
 
-class _TorchHeads:
-    """Heads moved to the capture device once, evaluated by the kernels package."""
+def _torch_heads(heads: Heads, device: torch.device):
+    """The heads on the capture device (``kernels.FiveHeadVote``); imported in
+    the worker only. On CUDA a bf16 engine's rows are voted on with W1 in
+    bf16: exact products, fp32 sums, and on real states the decisions of fp32
+    heads (``tests/engine/test_heads_bf16.py``)."""
+    from vllm_pamer.kernels import FiveHeadVote
 
-    def __init__(self, heads: Heads, device: torch.device) -> None:
-        self.min_votes = heads.min_votes
-        self.tensors = [
-            torch.from_numpy(getattr(heads, name)).to(device) for name in ("w1", "b1", "w2", "b2", "thresholds")
-        ]
-
-    def __call__(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        from vllm_pamer.kernels import five_head_vote  # imported in the worker only
-
-        if self.tensors[0].device != rows.device:
-            self.tensors = [t.to(rows.device) for t in self.tensors]
-        w1, b1, w2, b2, thresholds = self.tensors
-        return five_head_vote(rows, w1, b1, w2, b2, thresholds, min_votes=self.min_votes)
+    w1, b1, w2, b2, thresholds = (torch.from_numpy(getattr(heads, n)) for n in ("w1", "b1", "w2", "b2", "thresholds"))
+    cuda = torch.device(device).type == "cuda"
+    return FiveHeadVote(w1, b1, w2, b2, thresholds, heads.min_votes, device, bf16_heads=cuda)
 
 
 class WorkerCapture:
@@ -58,11 +56,11 @@ class WorkerCapture:
         """``memory``: hold memory rows for recall (the API server can push them:
         vLLM runs the plugin's worker extension)."""
         self.enabled = settings.capture
-        self.heads: _TorchHeads | None = None
+        self.heads: FiveHeadVote | None = None
         if settings.heads:
             heads = load_heads(settings.heads)
             heads.check_model(fingerprint, settings.heads)  # wrong model: start-up error
-            self.heads = _TorchHeads(heads, device)
+            self.heads = _torch_heads(heads, device)
         self.memory = (
             WorkerMemory(fingerprint.hidden_size, settings.memory_rows, device)
             if memory and self.enabled and settings.memory_rows
@@ -105,9 +103,10 @@ class WorkerCapture:
         rows = hidden_states[torch.tensor([row for row, _ in picks], device=hidden_states.device)]
         logits = votes = compress = None
         heads_error = None
+        voted = None
         if self.heads is not None:
             try:
-                logits, votes, compress = (t.cpu() for t in self.heads(rows))
+                voted = self.heads(rows)
             except Exception as exc:  # probe failure: reported, never fatal
                 heads_error = f"{type(exc).__name__}: {exc}"
         recalls: list = [None] * len(picks)
@@ -116,7 +115,15 @@ class WorkerCapture:
                 recalls = self.memory.recall([session for _, (_, _, session, _) in picks], rows)
             except Exception:  # the API server scores them instead
                 logger.exception("vllm-pamer: recall in the worker failed")
-        states = rows.float().cpu().numpy().astype("<f4")
+        # states and the vote to the host in one copy: one wait for the device, not four
+        width = rows.shape[1]
+        parts = [rows.float()]
+        if voted is not None:
+            parts += [voted[0].float(), voted[1].float()[:, None], voted[2].float()[:, None]]
+        host = torch.cat(parts, dim=1).cpu()
+        states = host[:, :width].numpy().astype("<f4")
+        if voted is not None:
+            logits, votes, compress = host[:, width:-2], host[:, -2].int(), host[:, -1].bool()
         for i, (_, (req_id, key, session, n_prompt)) in enumerate(picks):
             self.captured.add(req_id)
             self.captures_total += 1
