@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from vllm_pamer.core.heads import load_heads
-from vllm_pamer.core.render import render_tools_as_text
 from vllm_pamer.default_model import ensure_default_model, shipped_heads
 from vllm_pamer.kernels import FiveHeadVote
 from vllm_pamer.offline_engine import CaptureEngine
+from vllm_pamer.training.extract import ChatPrompter
 from vllm_pamer.trajectories import agent_requests, load_trajectories
 
 pytestmark = pytest.mark.engine
@@ -23,15 +23,13 @@ MAX_TOKENS = 6000  # decision points whose prompt fits; the engine's window is 8
 
 
 def _decision_points(tokenizer) -> list[list[int]]:
+    """Token ids of real agent requests, as the server feeds them to the engine."""
+    prompter = ChatPrompter(tokenizer, MAX_TOKENS)
     prompts = []
     for kind, count, steps in (("tau", 4, 12), ("swe", 3, 10)):
         for trajectory in load_trajectories(None, kind)[:count]:
             for _, history in list(agent_requests(trajectory["messages"]))[:steps]:
-                ids = list(
-                    tokenizer.apply_chat_template(
-                        render_tools_as_text(history), add_generation_prompt=True, tokenize=True, return_dict=True
-                    )["input_ids"]
-                )
+                ids = prompter.template_ids(history)
                 if len(ids) <= MAX_TOKENS:
                     prompts.append(ids)
     return prompts

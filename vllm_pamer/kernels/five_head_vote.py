@@ -3,9 +3,9 @@
 ``FiveHeadVote`` holds the heads on a device for a caller that votes again
 and again (the worker's capture): on CUDA it replays each batch size's launch
 from a CUDA graph. ``five_head_vote`` is the one-shot function; it
-dispatches on the device of ``x``: CUDA tensors run the fused Triton kernel (``_five_head_vote_triton``,
-one launch for the five heads and the vote), CPU tensors run the torch
-reference below, which is also the oracle for tests. Triton is imported only
+dispatches on the device of ``x``: CUDA tensors run the fused Triton kernel
+(``_five_head_vote_triton``, one launch for the five heads and the vote), CPU
+tensors run the torch reference below, which is also the oracle for tests. Triton is imported only
 when a Triton path is used, so CPU-only installs never import it.
 """
 
