@@ -24,7 +24,7 @@ stays in the prefix cache from one request to the next.
 While KV usage has shrunk it the vote does not compact (unless ``vote_under_kv_pressure``):
 the shrunk band lies where the sessions already are, and a compaction there
 recomputes what the scarce cache could not keep, so only the shrunk budget's
-top does (``benchmarks/RESULTS.md``, "The budget schedule under a KV budget
+top does (``benchmarks/HISTORY.md``, "The budget schedule under a KV budget
 that binds").
 """
 

@@ -29,7 +29,7 @@ class PamerOptions(SummaryConfig, frozen=True):
     embed_timeout_s: float = 300.0
     """Time limit of one embedding attempt. An embedding is a short request,
     but on a loaded engine it waits for KV room behind the requests running
-    (``benchmarks/RESULTS.md``, "The budget schedule under a KV budget that
+    (``benchmarks/HISTORY.md``, "The budget schedule under a KV budget that
     binds: a stall")."""
     embed_attempts: int = 8
     """Attempts before an embedding counts as failed (errors only: a timeout is not retried, ``core/retry.py``)."""
