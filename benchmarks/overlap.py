@@ -1,4 +1,5 @@
-"""PaMER synchronous vs overlap (summarize_ahead) mode, measured side by side.
+"""PaMER synchronous vs overlap (summarize_ahead) mode of the paper's schedule,
+measured side by side.
 
 Serves the embedded default model with heads that always vote "compress",
 replays one real tau-bench trajectory as an agent would (waiting
@@ -36,7 +37,8 @@ def run_mode(mode: str, args, heads: Path, workdir: Path, port: int) -> list[dic
     from openai import OpenAI
     from tqdm import tqdm
 
-    options = {"summary_max_tokens": args.summary_max_tokens, "summarize_ahead": mode == "overlap"}
+    # summarize_ahead is an option of the paper's schedule (the budget schedule writes no summary ahead)
+    options = {"schedule": "paper", "summary_max_tokens": args.summary_max_tokens, "summarize_ahead": mode == "overlap"}
     server = ServerProcess(
         [
             "--pamer-policy",

@@ -38,6 +38,7 @@ from benchmarks.policies import DATA, policy_options
 from vllm_pamer.core.blocks import Message
 from vllm_pamer.core.pipeline import rewrite_request
 from vllm_pamer.core.policies import HeadVote, PolicyContext, create_policy
+from vllm_pamer.core.policies.pamer.budget_schedule import BudgetSchedule
 from vllm_pamer.core.render import render_tools_as_text
 from vllm_pamer.core.tokens import TokenCounter
 from vllm_pamer.default_model import ensure_default_model
@@ -126,8 +127,8 @@ def simulate(policy_name: str, options: dict, trajectories: list[dict], args: ar
         needed = available = chars_in = chars_out = compactions = refused = prefill = fallbacks = 0
         steps = [_steps(t, args.max_steps) for t in trajectories]
         now = [0.0]  # modelled seconds: each round of requests takes --round-s (kv_share's idle time)
-        schedule = getattr(policy, "_budget", None)  # PaMER's BudgetSchedule
-        if schedule is not None:
+        schedule = getattr(policy, "schedule", None)
+        if isinstance(schedule, BudgetSchedule):  # its sessions' activity (kv_share) on the modelled clock
             schedule.clock = lambda: now[0]
         previous: dict[int, list[Message]] = {}
         # --side-by-side sessions at a time, one request each in turn (as the server sees them)

@@ -33,7 +33,7 @@ import numpy as np
 
 from tests.postgres import Cluster
 from vllm_pamer.core.blocks import Block, split_conversation
-from vllm_pamer.core.policies.summary import step_details
+from vllm_pamer.core.policies.summary_writer import step_details
 from vllm_pamer.stores import open_store
 from vllm_pamer.stores.sql import SqlStore
 from vllm_pamer.trajectories import load_trajectories

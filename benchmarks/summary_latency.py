@@ -1,5 +1,5 @@
 """How long one summary-sized request takes on this machine: what
-``summary_timeout_s`` (``core/policies/summary.py``) must allow a healthy engine.
+``summary_timeout_s`` (``core/policies/summary_writer.py``) must allow a healthy engine.
 
     .venv/bin/python -m benchmarks.summary_latency                          # 2,000 / 4,000 / 7,500 tokens
     .venv/bin/python -m benchmarks.summary_latency --tokens 7500 --repeats 3

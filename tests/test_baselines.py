@@ -20,8 +20,8 @@ from vllm_pamer.core.blocks import protocol_issues, split_conversation
 from vllm_pamer.core.pipeline import rewrite_request
 from vllm_pamer.core.policies import PolicyContext, PolicyRequest, available_policies, create_policy
 from vllm_pamer.core.policies.baselines import RecentK, SlidingWindow, _LastBlocks
-from vllm_pamer.core.policies.summaries import NO_EMBEDDER
-from vllm_pamer.core.policies.summary import MEMORY_HEADER
+from vllm_pamer.core.policies.summary_baselines import NO_EMBEDDER
+from vllm_pamer.core.policies.summary_writer import MEMORY_HEADER
 from vllm_pamer.stores.sqlite import SqliteStore
 
 

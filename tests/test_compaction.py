@@ -1,5 +1,5 @@
-"""PaMER's budget schedule (core/schedule.py, core/policies/compaction.py) and
-the verbatim record (core/record.py), on a real SQLite store with the
+"""PaMER's budget schedule (core/policies/pamer/budget.py, budget_schedule.py)
+and the verbatim record (pamer/record.py), on a real SQLite store with the
 deterministic engine of tests/fakes.py (4 characters a token). The cache hits
 it buys on the real server: tests/e2e/test_pamer_serve.py."""
 
@@ -14,9 +14,10 @@ from tests.fakes import COMPRESS, KEEP, FakeEngine, blocking, conversation
 from vllm_pamer.core.blocks import Block, protocol_issues, split_conversation
 from vllm_pamer.core.pipeline import rewrite_request
 from vllm_pamer.core.policies import PolicyContext, create_policy
-from vllm_pamer.core.policies.summary import MEMORY_HEADER
-from vllm_pamer.core.record import RECORD_HEADER, relevance, step_record
-from vllm_pamer.core.schedule import archive_count, budget_for, kv_scale, kv_share_tokens, trigger
+from vllm_pamer.core.policies.pamer.budget import archive_count, budget_for, kv_scale, kv_share_tokens, trigger
+from vllm_pamer.core.policies.pamer.record import RECORD_HEADER, relevance, step_record
+from vllm_pamer.core.policies.summary_writer import MEMORY_HEADER
+from vllm_pamer.core.store import StoreError
 from vllm_pamer.stores.sqlite import SqliteStore
 
 # conversation(n) is about 32 + 231 n tokens here; the budget below puts the band at 1,500-2,000
@@ -296,6 +297,39 @@ def test_a_failed_summary_removes_and_stores_nothing(store):
     out = Session(store, services, summary_attempts=1).send(messages)
     assert out.action == "fallback:summary_failure" and out.messages == messages
     assert blocking(store).load("s1").memories == []
+
+
+class _FailingReads:
+    """The store, but the named reads raise StoreError (a lost database)."""
+
+    def __init__(self, store, *failing):
+        self.store, self.failing = store, failing
+
+    def __getattr__(self, name):
+        if name in self.failing:
+
+            async def fail(*args, **kwargs):
+                raise StoreError(f"{name} failed: the database is gone")
+
+            return fail
+        return getattr(self.store, name)
+
+
+@pytest.mark.parametrize("read", ["events", "raw_blocks"])
+def test_a_store_read_that_fails_during_a_compaction_is_a_storage_failure(store, read):
+    """The events (what the last compaction chose) are read when a request
+    shows memories this process did not choose; the archived blocks when a
+    compaction writes its record. A fault in either sends the original
+    request as ``storage_failure``, never as a policy error."""
+    Session(store).send(conversation(9))  # one memory
+    messages = conversation(10 if read == "events" else 14)
+    # a new policy instance (a restart) reads the events; a compaction with a memory reads raw blocks
+    session = Session(_FailingReads(store, read))
+    out = session.send(messages, vote=COMPRESS)
+    assert out.action == "fallback:storage_failure", out.detail
+    assert out.messages == messages and "the database is gone" in out.detail
+    assert len(blocking(store).load("s1").memories) == 1  # nothing stored, nothing removed
+    assert blocking(store).events("s1", limit=10)[-1]["kind"] == "storage_failure"
 
 
 def test_after_a_restart_the_same_memories_are_shown(store):

@@ -15,7 +15,7 @@ from tests.fakes import COMPRESS, KEEP, FakeEngine, blocking, conversation
 from vllm_pamer.core.blocks import protocol_issues, split_conversation
 from vllm_pamer.core.pipeline import rewrite_request
 from vllm_pamer.core.policies import PolicyContext, create_policy
-from vllm_pamer.core.policies.summary import MEMORY_HEADER
+from vllm_pamer.core.policies.summary_writer import MEMORY_HEADER
 from vllm_pamer.core.recall import SERVED_STATE_EMBEDDER, WorkerRecall
 from vllm_pamer.stores.sqlite import SqliteStore
 

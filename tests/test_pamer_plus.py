@@ -15,8 +15,8 @@ from tests.fakes import COMPRESS, KEEP, FakeEngine, blocking, conversation
 from vllm_pamer.core.blocks import protocol_issues, split_conversation
 from vllm_pamer.core.pipeline import rewrite_request
 from vllm_pamer.core.policies import PolicyContext, create_policy
-from vllm_pamer.core.policies.pamer_plus import EVIDENCE_HEADER, selection_schema
-from vllm_pamer.core.policies.summary import MEMORY_HEADER
+from vllm_pamer.core.policies.pamer.plus import EVIDENCE_HEADER, selection_schema
+from vllm_pamer.core.policies.summary_writer import MEMORY_HEADER
 from vllm_pamer.core.recall import stable_selection
 from vllm_pamer.core.store import StepDetail
 from vllm_pamer.stores.sqlite import SqliteStore
@@ -153,7 +153,7 @@ def test_pamer_recall_text_stays_identical_while_the_query_drifts(store):
 def test_selection_schema_accepts_exactly_the_selection_shape():
     import msgspec
 
-    from vllm_pamer.core.selection import StepSelection
+    from vllm_pamer.core.policies.pamer.selection import StepSelection
 
     schema = selection_schema(3, 8)
     assert set(schema["properties"]) == set(StepSelection.__struct_fields__)

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from tests.chat_strategies import conversations, join
 from vllm_pamer.core.blocks import protocol_issues, split_conversation
+from vllm_pamer.core.fallback import Fallback
 from vllm_pamer.core.pipeline import rewrite_request
 from vllm_pamer.core.policies import (
     HeadVote,
@@ -64,7 +65,7 @@ class _SelfFallback(MemoryPolicy):
     name = "test_self_fallback"
 
     async def rewrite(self, request: PolicyRequest) -> PolicyDecision:
-        return PolicyDecision(list(request.conversation.prefix), "fallback:no_heads", "heads missing")
+        return PolicyDecision.fallback(list(request.conversation.prefix), Fallback.SUMMARY_FAILURE, "summary failed")
 
 
 @register_policy
@@ -268,8 +269,15 @@ def test_pipeline_passes_a_policy_fallback_through_with_original_messages():
     messages = join(*_conversation(3))
     snapshot = copy.deepcopy(messages)
     outcome = run(rewrite_request(messages, "s1", create_policy("test_self_fallback")))
-    _assert_fallback(outcome, "no_heads", messages, snapshot)
-    assert outcome.detail == "heads missing"
+    _assert_fallback(outcome, "summary_failure", messages, snapshot)
+    assert outcome.detail == "summary failed"
+
+
+def test_a_fallback_must_name_a_rule_of_the_enum():
+    assert PolicyDecision.fallback([], Fallback.STORAGE_FAILURE).action == "fallback:storage_failure"
+    assert PolicyDecision.fallback([], Fallback.STORAGE_FAILURE).fallback_rule is Fallback.STORAGE_FAILURE
+    with pytest.raises(ValueError, match="no_heads"):
+        PolicyDecision([], "fallback:no_heads")
 
 
 def test_pipeline_hands_session_and_vote_to_the_policy():

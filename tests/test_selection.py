@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vllm_pamer.core.selection import StepSelection, validate_selection
+from vllm_pamer.core.policies.pamer.selection import StepSelection, validate_selection
 from vllm_pamer.core.store import Memory, StepDetail
 
 

@@ -24,7 +24,7 @@ from tests.fakes import COMPRESS, FakeEngine, blocking, conversation
 from vllm_pamer.core.blocks import split_conversation
 from vllm_pamer.core.pipeline import rewrite_request
 from vllm_pamer.core.policies import PolicyContext, create_policy
-from vllm_pamer.core.policies.summary import step_details
+from vllm_pamer.core.policies.summary_writer import step_details
 from vllm_pamer.core.store import StoreError, StoreLimits
 from vllm_pamer.stores import open_store
 from vllm_pamer.stores.sqlite import SqliteStore

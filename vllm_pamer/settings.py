@@ -61,7 +61,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """Summaries the engine runs at once for all sessions together; the others
     wait their turn (outside their time limit). Side by side under a KV budget
     that binds, summaries recompute their prefixes and time out together
-    (``benchmarks/RESULTS.md``, "The budget schedule under a KV budget that
+    (``benchmarks/HISTORY.md``, "The budget schedule under a KV budget that
     binds: a stall")."""
     memory_rows: Annotated[int, msgspec.Meta(ge=0)] = 16384
     """Memory embeddings the worker holds for recall, all sessions together,

@@ -16,7 +16,7 @@ import requests
 from tests.e2e.helpers import TRAJECTORY, chat, client_for, start_pamer_server
 from tests.fakes import blocking
 from vllm_pamer.core.blocks import protocol_issues, split_conversation
-from vllm_pamer.core.policies.summary import MEMORY_HEADER
+from vllm_pamer.core.policies.summary_writer import MEMORY_HEADER
 from vllm_pamer.stores.sqlite import SqliteStore
 from vllm_pamer.trajectories import agent_requests, load_trajectories
 

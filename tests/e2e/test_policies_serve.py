@@ -13,7 +13,7 @@ import requests
 from tests.e2e.helpers import TRAJECTORY, chat, client_for
 from vllm_pamer.core.blocks import protocol_issues, split_conversation
 from vllm_pamer.core.policies.sam import CUES_HEADER
-from vllm_pamer.core.policies.summary import MEMORY_HEADER
+from vllm_pamer.core.policies.summary_writer import MEMORY_HEADER
 from vllm_pamer.trajectories import agent_requests, load_trajectories
 
 pytestmark = pytest.mark.e2e

@@ -1,4 +1,4 @@
-"""The rewrite path of one request, with the paper's fallback rules.
+"""The rewrite path of one request, with the fallback rules (``core/fallback.py``).
 
 Pure: takes messages and the session's previous vote, returns what to send
 and the action taken. A rule that fires always returns the original messages,
@@ -14,9 +14,16 @@ import msgspec
 import numpy as np
 
 from vllm_pamer.core.blocks import Message, Tool, protocol_issues, split_conversation
-from vllm_pamer.core.policies import HeadVote, MemoryPolicy, PolicyContext, PolicyDecision, PolicyRequest
+from vllm_pamer.core.fallback import Fallback, fallback_rule
+from vllm_pamer.core.policies import (
+    HeadVote,
+    MemoryPolicy,
+    PolicyContext,
+    PolicyDecision,
+    PolicyRequest,
+    ScheduleReport,
+)
 from vllm_pamer.core.recall import WorkerRecall
-from vllm_pamer.core.schedule import ScheduleReport
 
 logger = logging.getLogger("vllm_pamer.pipeline")
 
@@ -33,11 +40,11 @@ class RewriteOutcome(msgspec.Struct, frozen=True):
 
     @property
     def is_fallback(self) -> bool:
-        return self.action.startswith("fallback:")
+        return fallback_rule(self.action) is not None
 
 
-def _fallback(messages: Sequence[Message], rule: str, detail: str = "") -> RewriteOutcome:
-    return RewriteOutcome(list(messages), f"fallback:{rule}", detail)
+def _fallback(messages: Sequence[Message], rule: Fallback, detail: str = "") -> RewriteOutcome:
+    return RewriteOutcome(list(messages), rule.action, detail)
 
 
 async def rewrite_request(
@@ -54,11 +61,13 @@ async def rewrite_request(
     previous_recall: WorkerRecall | None = None,
 ) -> RewriteOutcome:
     if not session_id:
-        return _fallback(messages, "missing_session_id")
+        return _fallback(messages, Fallback.MISSING_SESSION_ID)
     issues = protocol_issues(messages)
     if issues:
         first = issues[0]
-        return _fallback(messages, "unsafe_tool_protocol", f"{first.rule} at message {first.index}: {first.detail}")
+        return _fallback(
+            messages, Fallback.UNSAFE_TOOL_PROTOCOL, f"{first.rule} at message {first.index}: {first.detail}"
+        )
     request = PolicyRequest(
         session_id,
         split_conversation(messages),
@@ -75,12 +84,12 @@ async def rewrite_request(
         decision: PolicyDecision = await policy.rewrite(request)
     except Exception as exc:  # a failed memory operation never removes history
         logger.exception("policy %s failed", policy.name)
-        return _fallback(messages, "policy_error", f"{type(exc).__name__}: {exc}")
-    if decision.action.startswith("fallback:"):
+        return _fallback(messages, Fallback.POLICY_ERROR, f"{type(exc).__name__}: {exc}")
+    if decision.fallback_rule is not None:
         return RewriteOutcome(list(messages), decision.action, decision.detail, schedule=decision.schedule)
     issues = protocol_issues(decision.messages)
     if issues or not decision.messages:
-        return _fallback(messages, "invalid_rewrite", issues[0].detail if issues else "empty result")
+        return _fallback(messages, Fallback.INVALID_REWRITE, issues[0].detail if issues else "empty result")
     return RewriteOutcome(
         decision.messages,
         decision.action,

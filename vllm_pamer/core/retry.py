@@ -2,7 +2,7 @@
 
 An error is retried; a timeout is not: on an engine too loaded to answer in
 time a retry restarts the call's prefill and adds to the load, and the
-request that waits on it would stall (``benchmarks/RESULTS.md``, "The budget
+request that waits on it would stall (``benchmarks/HISTORY.md``, "The budget
 schedule under a KV budget that binds: a stall").
 """
 

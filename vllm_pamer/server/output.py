@@ -16,7 +16,13 @@ from vllm_pamer.channel import CaptureRecord
 from vllm_pamer.server import metrics
 from vllm_pamer.server.sessions import SessionState
 
-ERROR_TYPES = {403: "PermissionDeniedError", 404: "NotFoundError", 409: "ConflictError", 413: "RequestTooLargeError"}
+ERROR_TYPES = {
+    403: "PermissionDeniedError",
+    404: "NotFoundError",
+    409: "ConflictError",
+    413: "RequestTooLargeError",
+    503: "ServiceUnavailableError",
+}
 """The error ``type`` by status, as OpenAI's clients name them (else ``BadRequestError``)."""
 
 

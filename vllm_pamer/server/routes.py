@@ -10,7 +10,8 @@
 4. output (``output.py``): the ``pamer`` report on the response.
 
 ``GET /pamer/sessions/{id}``: a session's state, memories and event log
-(read-only; the caller's own sessions; off with ``session_routes``).
+(read-only; the caller's own sessions; off with ``session_routes``; 503 when
+the store cannot be read).
 
 Every route here answers 401 without a valid key when the server has keys
 (``access.py``), the dependency of the router.
@@ -27,6 +28,7 @@ from fastapi.responses import JSONResponse, Response
 
 from vllm_pamer.adapters.serving import is_error, with_cancellation
 from vllm_pamer.core.pipeline import rewrite_request
+from vllm_pamer.core.store import StoreError
 from vllm_pamer.server import metrics
 from vllm_pamer.server.access import BadSessionId, check_session_id
 from vllm_pamer.server.input import InputError, outgoing, read_body, read_chat, tools_out
@@ -145,12 +147,16 @@ async def session_info(session_id: str, raw_request: Request) -> Response:
         key = state.access.session_key(raw_request.headers, check_session_id(session_id))
     except BadSessionId as exc:
         return error_response(400, str(exc))
-    session = await state.peek_session(key)
-    loaded = await state.store.load(key)
+    try:
+        session = await state.peek_session(key)
+        loaded = await state.store.load(key)
+        events = await state.store.events(key) if session is not None or loaded.memories else []
+    except StoreError as exc:  # the store's fault, not the caller's: they may retry
+        return error_response(503, f"the memory store could not be read: {exc}")
     if session is None and not loaded.memories:
         return error_response(404, f"no session {session_id!r}")
     content: dict[str, Any] = session.summary() if session is not None else {}
     content["session_id"] = session_id
     content["memories"] = [m.public() for m in loaded.memories]
-    content["events"] = await state.store.events(key)
+    content["events"] = events
     return JSONResponse(content=content)

@@ -34,7 +34,7 @@ from vllm_pamer.adapters.serving import (
 )
 from vllm_pamer.channel import CAPTURE_KEY, SESSION_KEY, WORKER_EXTENSION, CaptureInbox
 from vllm_pamer.core.blocks import Message
-from vllm_pamer.core.policies.summary import summary_prompt
+from vllm_pamer.core.policies.summary_writer import summary_prompt
 from vllm_pamer.core.recall import SERVED_STATE_EMBEDDER
 from vllm_pamer.core.store import Memory
 from vllm_pamer.core.text import cap_head_and_tail

@@ -1,5 +1,6 @@
 """Per-session state kept by the API server (in memory; bounded LRU), and
-kept in the store too (``ServerState.session``).
+kept in the store too (written by ``ServerState.on_capture``, read back by
+``ServerState.newer_stored``, both in ``server/state.py``).
 
 The vote captured at a request's prefill is filed on its session, so that the
 session's next request can act on it (the deferred decision: no request

@@ -1,6 +1,6 @@
 """Memory policies behind one interface; importing this package registers them."""
 
-from vllm_pamer.core.policies import baselines, pamer, pamer_plus, sam, summaries  # noqa: F401  (registers the policies)
+from vllm_pamer.core.policies import baselines, pamer, sam, summary_baselines  # noqa: F401  (registers the policies)
 from vllm_pamer.core.policies.base import (
     HeadVote,
     MemoryPolicy,
@@ -8,6 +8,8 @@ from vllm_pamer.core.policies.base import (
     PolicyContext,
     PolicyDecision,
     PolicyRequest,
+    ScheduleReport,
+    Trigger,
     UnknownPolicy,
     available_policies,
     create_policy,
@@ -23,6 +25,8 @@ __all__ = [
     "PolicyContext",
     "PolicyDecision",
     "PolicyRequest",
+    "ScheduleReport",
+    "Trigger",
     "UnknownPolicy",
     "available_policies",
     "create_policy",

@@ -9,15 +9,15 @@ it took. Policies never import the engine: ``core/engine.py`` is the contract.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import msgspec
 import numpy as np
 
 from vllm_pamer.core.blocks import Conversation, Message, Tool
 from vllm_pamer.core.engine import EngineServices
+from vllm_pamer.core.fallback import Fallback, fallback_rule
 from vllm_pamer.core.recall import WorkerRecall
-from vllm_pamer.core.schedule import ScheduleReport
 from vllm_pamer.core.store import MemoryStore
 
 MAX_TRACKED_SESSIONS = 10_000
@@ -71,10 +71,39 @@ class PolicyRequest(msgspec.Struct, frozen=True):
     made at its capture (None: not made)."""
 
 
+Trigger = Literal["vote", "top_of_band", "kv_pressure", "window"]
+"""Why a compaction schedule compacted a request."""
+
+
+class ScheduleReport(msgspec.Struct, frozen=True):
+    """What a compaction schedule saw and did on one request (the ``pamer``
+    report's ``schedule`` object)."""
+
+    budget: int
+    """The effective budget."""
+    band_low: int
+    """Where the band starts."""
+    target: int
+    """What a compaction brings the request down to."""
+    sent_tokens: int
+    """Tokens of the request as it would go out without a compaction."""
+    trigger: Trigger | None = None
+    """Why this request compacted (None: it did not)."""
+    cache_break_tokens: int = 0
+    """Tokens the previous request had cached after the prefix that this
+    request's compaction recomputes."""
+    kv_usage: float | None = None
+    """The engine's KV-cache usage (0-1) the budget followed."""
+    kv_share: int | None = None
+    """The session's share of the KV cache (tokens) when it held the budget (``kv_share``)."""
+
+
 class PolicyDecision(msgspec.Struct, frozen=True):
     messages: list[Message]
     action: str
-    """``none`` (sent as is), ``rewritten``, ``compressed``, ``recalled``, or ``fallback:<rule>``."""
+    """``none`` (sent as is), ``rewritten``, ``compressed``, ``recalled``, or
+    ``fallback:<rule>`` (made by ``PolicyDecision.fallback``, a rule of
+    ``core/fallback.py``)."""
     detail: str = ""
     tokens_inserted: int = 0
     """Tokens of text the policy added (recalled memories), for metrics."""
@@ -87,6 +116,20 @@ class PolicyDecision(msgspec.Struct, frozen=True):
     clients can see how stable recall is between requests."""
     schedule: ScheduleReport | None = None
     """What a compaction schedule saw and did (None: the policy has none)."""
+
+    def __post_init__(self) -> None:
+        fallback_rule(self.action)  # a fallback names a rule of core/fallback.py (ValueError otherwise)
+
+    @classmethod
+    def fallback(
+        cls, original: list[Message], rule: Fallback, detail: str = "", schedule: ScheduleReport | None = None
+    ) -> PolicyDecision:
+        """Send ``original`` (the request as the agent sent it) by ``rule``."""
+        return cls(original, rule.action, detail, schedule=schedule)
+
+    @property
+    def fallback_rule(self) -> Fallback | None:
+        return fallback_rule(self.action)
 
 
 class PolicyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -108,6 +151,17 @@ class MemoryPolicy(ABC):
 
     def __init__(self, config: PolicyConfig | None = None) -> None:
         self.config = config if config is not None else self.config_cls()
+
+    @classmethod
+    def config_classes(cls) -> tuple[type[PolicyConfig], ...]:
+        """Every config type the policy takes (PaMER has one per schedule)."""
+        return (cls.config_cls,)
+
+    @classmethod
+    def make_config(cls, options: dict[str, Any]) -> PolicyConfig:
+        """The policy's config from plain options; raises ``msgspec.ValidationError``
+        or ``ValueError`` for options it does not take."""
+        return msgspec.convert(options, cls.config_cls)
 
     @abstractmethod
     async def rewrite(self, request: PolicyRequest) -> PolicyDecision:
@@ -172,7 +226,7 @@ def create_policy(name: str, options: dict[str, Any] | None = None) -> MemoryPol
     """Build a policy from its name and a plain dict of options (validated)."""
     cls = policy_class(name)
     try:
-        config = msgspec.convert(options or {}, cls.config_cls)
-    except msgspec.ValidationError as exc:
+        config = cls.make_config(options or {})
+    except (msgspec.ValidationError, ValueError) as exc:
         raise ValueError(f"bad options for policy {name!r}: {exc}") from None
     return cls(config)

@@ -5,7 +5,7 @@
 * ``discard_tool`` - every message, but old tool outputs replaced by a stub.
 
 The summary baselines (``periodic_summary``, ``rolling_summary``) live in
-``summaries.py``: they need a memory store and engine services.
+``summary_baselines.py``: they need a memory store and engine services.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ import json
 from collections.abc import Sequence
 
 from vllm_pamer.core.blocks import Block, Message, Tool
+from vllm_pamer.core.fallback import Fallback
 from vllm_pamer.core.policies.base import (
     MemoryPolicy,
     PolicyConfig,
@@ -31,7 +32,7 @@ from vllm_pamer.core.policies.base import (
     PolicyRequest,
     register_policy,
 )
-from vllm_pamer.core.policies.summary import step_details
+from vllm_pamer.core.policies.summary_writer import step_details
 from vllm_pamer.core.retry import with_retries
 from vllm_pamer.core.store import NO_EMBEDDING, Memory, MemoryStore, StoreError
 from vllm_pamer.core.text import cap_head_and_tail, serialize_messages
@@ -149,7 +150,7 @@ class Sam(MemoryPolicy):
         try:
             pages = await self._pages(store, session)
         except StoreError as exc:
-            return PolicyDecision(original, "fallback:storage_failure", str(exc))
+            return PolicyDecision.fallback(original, Fallback.STORAGE_FAILURE, str(exc))
         view = context_view(request.conversation, pages, cfg.retained_blocks)
         trigger = cfg.trigger_tokens or int(cfg.trigger_share * services.max_model_len)
         candidates, live = list(view.old), list(view.live)
@@ -170,7 +171,7 @@ class Sam(MemoryPolicy):
                     await store.commit_memory(session, cue.strip(), NO_EMBEDDING, EMBEDDER, page, step_details(page))
                 except Exception as exc:  # pages stored so far stay stored; this request goes out unchanged
                     await store.log_event(session, "page_failure", {"error": f"{type(exc).__name__}: {exc}"})
-                    return PolicyDecision(original, "fallback:summary_failure", str(exc))
+                    return PolicyDecision.fallback(original, Fallback.SUMMARY_FAILURE, str(exc))
             await store.log_event(session, "paged", {"blocks": len(candidates)})
             action = "compressed"
             notes.append(f"paged {len(candidates)} blocks")

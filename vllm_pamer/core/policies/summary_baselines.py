@@ -19,8 +19,15 @@ from __future__ import annotations
 
 from vllm_pamer.core.blocks import Block
 from vllm_pamer.core.engine import EngineServices
+from vllm_pamer.core.fallback import Fallback
 from vllm_pamer.core.policies.base import MemoryPolicy, PolicyDecision, PolicyRequest, register_policy
-from vllm_pamer.core.policies.summary import StepFailure, SummaryConfig, memory_message, step_details, write_summary
+from vllm_pamer.core.policies.summary_writer import (
+    StepFailure,
+    SummaryConfig,
+    memory_message,
+    step_details,
+    write_summary,
+)
 from vllm_pamer.core.store import NO_EMBEDDING, Memory, StoreError
 from vllm_pamer.core.text import serialize_messages
 from vllm_pamer.core.view import context_view, flatten
@@ -72,14 +79,14 @@ class _SummaryPolicy(MemoryPolicy):
         session = request.session_id
         original = request.conversation.messages()
 
-        async def fail(rule: str, exc: Exception) -> PolicyDecision:
-            await store.log_event(session, rule, {"policy": self.name, "error": str(exc)})
-            return PolicyDecision(original, f"fallback:{rule}", str(exc))
+        async def fail(rule: Fallback, exc: Exception) -> PolicyDecision:
+            await store.log_event(session, rule.value, {"policy": self.name, "error": str(exc)})
+            return PolicyDecision.fallback(original, rule, str(exc))
 
         try:
             memories = (await store.load(session)).memories
         except StoreError as exc:
-            return await fail("storage_failure", exc)
+            return await fail(Fallback.STORAGE_FAILURE, exc)
         view = context_view(request.conversation, memories, cfg.retained_blocks)
         old, live = list(view.old), list(view.live)
 
@@ -96,7 +103,7 @@ class _SummaryPolicy(MemoryPolicy):
                 )
                 memories = (await store.load(session)).memories
             except Exception as exc:  # storage precedes removal: nothing is removed
-                return await fail("storage_failure", exc)
+                return await fail(Fallback.STORAGE_FAILURE, exc)
             await store.log_event(
                 session, "compressed", {"policy": self.name, "memory_id": memory_id, "blocks": len(old)}
             )

@@ -4,7 +4,7 @@ Each memory keeps ``step_details`` linking it to the raw blocks it archived.
 On a request that recalls memories, a selector (an internal engine request
 shown R and the summary index, its answer constrained to the
 ``StepSelection`` JSON schema by vLLM's structured outputs) names summary ids
-and the smallest ``raw_steps_needed``. ``core.selection.validate_selection``
+and the smallest ``raw_steps_needed``. ``selection.validate_selection``
 checks it (Algorithm 2); only the named raw blocks go to a recall request,
 whose result is injected after the recalled summaries. Results are cached by
 sorted (summary ids, step ids). A valid empty selection injects nothing; an
@@ -24,16 +24,18 @@ from cachetools import LRUCache
 from vllm_pamer.core.blocks import Message
 from vllm_pamer.core.policies.base import (
     MAX_TRACKED_SESSIONS,
+    PolicyConfig,
     PolicyContext,
     PolicyDecision,
     PolicyRequest,
     register_policy,
 )
-from vllm_pamer.core.policies.pamer import Pamer
-from vllm_pamer.core.policies.pamer_config import PamerConfig
-from vllm_pamer.core.policies.summary import MEMORY_HEADER
+from vllm_pamer.core.policies.pamer.config import PaperConfig, schedule_config
+from vllm_pamer.core.policies.pamer.paper_schedule import over_window
+from vllm_pamer.core.policies.pamer.policy import Pamer
+from vllm_pamer.core.policies.pamer.selection import SelectionResult, StepSelection, validate_selection
+from vllm_pamer.core.policies.summary_writer import MEMORY_HEADER
 from vllm_pamer.core.retry import with_retries
-from vllm_pamer.core.selection import SelectionResult, StepSelection, validate_selection
 from vllm_pamer.core.store import Memory
 from vllm_pamer.core.text import serialize_messages
 from vllm_pamer.core.view import context_view, flatten
@@ -64,10 +66,10 @@ EVIDENCE_HEADER = "Recalled evidence from archived steps"
 _CITED = re.compile(r"\[step (\d+\.\d+)\]")
 
 
-class PamerPlusConfig(PamerConfig, frozen=True):
-    schedule: str = "paper"
+class PamerPlusConfig(PaperConfig, frozen=True):
     """PaMER+ recalls step evidence on every recalling request (PaMER paper,
-    Algorithm 2), so it runs the paper's schedule (see ``PamerConfig``)."""
+    Algorithm 2), so it runs the paper's schedule (``PaperConfig``)."""
+
     summary_layout: str = "text"
     """The paper's summary request (see ``SummaryConfig``)."""
     selector_max_tokens: int = 192
@@ -138,6 +140,14 @@ class PamerPlus(Pamer):
     config_cls = PamerPlusConfig
     config: PamerPlusConfig
 
+    @classmethod
+    def config_classes(cls) -> tuple[type[PolicyConfig], ...]:
+        return (PamerPlusConfig,)
+
+    @classmethod
+    def make_config(cls, options: dict[str, Any]) -> PolicyConfig:
+        return schedule_config(options, {"paper": PamerPlusConfig})
+
     def __init__(self, config: PamerPlusConfig | None = None) -> None:
         super().__init__(config)
         self._cache: LRUCache[str, LRUCache[tuple[tuple[int, ...], tuple[str, ...]], str]] = LRUCache(
@@ -164,7 +174,7 @@ class PamerPlus(Pamer):
         if len(decision.messages) > at and str(decision.messages[at].get("content", "")).startswith(MEMORY_HEADER):
             at += 1  # right after the recalled summaries
         messages = decision.messages[:at] + [evidence] + decision.messages[at:]
-        if self.over_window(context.services, messages, request.tools):  # the engine would refuse it
+        if over_window(self.config, context.services, messages, request.tools):  # the engine would refuse it
             return _note(decision, "step evidence left out: it would not fit the window")
         inserted = decision.tokens_inserted + context.services.count_tokens([evidence])
         return msgspec.structs.replace(

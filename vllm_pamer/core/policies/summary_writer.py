@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from vllm_pamer.core.blocks import Block, Message
 from vllm_pamer.core.engine import EngineServices
+from vllm_pamer.core.fallback import Fallback
 from vllm_pamer.core.policies.base import PolicyConfig
 from vllm_pamer.core.retry import with_retries
 from vllm_pamer.core.store import Memory, StepDetail
@@ -114,7 +115,7 @@ def step_details(blocks: Sequence[Block]) -> list[StepDetail]:
 class StepFailure(Exception):
     """A summary or embedding step failed; ``rule`` names the fallback."""
 
-    def __init__(self, rule: str, detail: str) -> None:
+    def __init__(self, rule: Fallback, detail: str) -> None:
         super().__init__(detail)
         self.rule, self.detail = rule, detail
 
@@ -129,7 +130,7 @@ async def write_summary(
     """A summary of ``blocks`` with the config's retries; ``conversation``
     (the ``conversation`` layout's request) is tried first, and the ``text``
     layout (``source``, default: the blocks serialized) when it does not fit.
-    Raises StepFailure("summary_failure") on failure or an empty answer."""
+    Raises StepFailure(SUMMARY_FAILURE) on failure or an empty answer."""
     text_source = cap_head_and_tail(
         source if source is not None else serialize_messages(flatten(blocks)), cfg.summary_source_chars
     )
@@ -147,5 +148,5 @@ async def write_summary(
         if not isinstance(summary, str) or not summary.strip():
             raise RuntimeError("the summary came back empty")
     except Exception as exc:
-        raise StepFailure("summary_failure", str(exc)) from exc
+        raise StepFailure(Fallback.SUMMARY_FAILURE, str(exc)) from exc
     return summary.strip()

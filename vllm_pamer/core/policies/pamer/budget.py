@@ -1,4 +1,5 @@
-"""When to compact, so that compaction pays for itself on a prefix-cached server.
+"""The budget schedule's arithmetic, pure: when to compact, so that compaction
+pays for itself on a prefix-cached server, and how much to archive.
 
 Between two compactions what the server sends for a session only grows at its
 end (append-only), so vLLM serves every earlier token from its prefix cache;
@@ -23,68 +24,21 @@ stays in the prefix cache from one request to the next.
 While KV usage has shrunk it the vote does not compact (unless ``vote_under_kv_pressure``):
 the shrunk band lies where the sessions already are, and a compaction there
 recomputes what the scarce cache could not keep, so only the shrunk budget's
-top does (``benchmarks/RESULTS.md``, "The budget schedule under a KV budget
+top does (``benchmarks/HISTORY.md``, "The budget schedule under a KV budget
 that binds").
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal, Protocol
 
 import msgspec
 
-Trigger = Literal["vote", "top_of_band", "kv_pressure", "window"]
+from vllm_pamer.core.policies.base import Trigger
+from vllm_pamer.core.policies.pamer.config import BudgetConfig
+
 NO_BUDGET = 2**62
 """The budget when neither one nor the window is known."""
-
-
-class ScheduleSettings(Protocol):
-    """The budget schedule's settings (fields of ``PamerConfig``, documented there)."""
-
-    @property
-    def context_budget(self) -> int: ...
-
-    @property
-    def budget_share(self) -> float: ...
-
-    @property
-    def band_share(self) -> float: ...
-
-    @property
-    def target_share(self) -> float: ...
-
-    @property
-    def kv_pressure(self) -> bool: ...
-
-    @property
-    def kv_low(self) -> float: ...
-
-    @property
-    def kv_high(self) -> float: ...
-
-    @property
-    def kv_min_scale(self) -> float: ...
-
-    @property
-    def vote_under_kv_pressure(self) -> bool: ...
-
-    @property
-    def kv_share(self) -> float: ...
-
-
-def check_schedule(cfg: ScheduleSettings) -> None:
-    """Raise ValueError for settings the schedule cannot follow."""
-    if cfg.context_budget < 0:
-        raise ValueError("context_budget must be >= 0 (0: a share of the window)")
-    if not 0 < cfg.budget_share <= 1 or not 0 <= cfg.band_share < 1 or not 0 < cfg.target_share < 1:
-        raise ValueError("budget_share must be in (0, 1], band_share in [0, 1), target_share in (0, 1)")
-    if cfg.target_share >= 1 - cfg.band_share:
-        raise ValueError("target_share must lie below the band (target_share < 1 - band_share)")
-    if not 0 <= cfg.kv_low < cfg.kv_high <= 1 or not 0 < cfg.kv_min_scale <= 1:
-        raise ValueError("need 0 <= kv_low < kv_high <= 1 and 0 < kv_min_scale <= 1")
-    if not 0 <= cfg.kv_share <= 1:
-        raise ValueError("kv_share must be in [0, 1] (0: off)")
 
 
 class Budget(msgspec.Struct, frozen=True):
@@ -110,7 +64,7 @@ class Budget(msgspec.Struct, frozen=True):
         return self.budget < self.base
 
 
-def kv_scale(cfg: ScheduleSettings, kv_usage: float | None) -> float:
+def kv_scale(cfg: BudgetConfig, kv_usage: float | None) -> float:
     """The share of the budget that KV pressure leaves (1 when unknown or off)."""
     if not cfg.kv_pressure or kv_usage is None:
         return 1.0
@@ -118,7 +72,7 @@ def kv_scale(cfg: ScheduleSettings, kv_usage: float | None) -> float:
     return 1.0 - (1.0 - cfg.kv_min_scale) * pressure
 
 
-def kv_share_tokens(cfg: ScheduleSettings, kv_capacity: int | None, sessions: int) -> int | None:
+def kv_share_tokens(cfg: BudgetConfig, kv_capacity: int | None, sessions: int) -> int | None:
     """A session's share of the KV cache: ``kv_share`` of its capacity (tokens)
     over the ``sessions`` sharing it; None when off or the capacity is unknown."""
     if not cfg.kv_share or not kv_capacity:
@@ -127,7 +81,7 @@ def kv_share_tokens(cfg: ScheduleSettings, kv_capacity: int | None, sessions: in
 
 
 def budget_for(
-    cfg: ScheduleSettings, window: int, requested: int | None, kv_usage: float | None, share: int | None = None
+    cfg: BudgetConfig, window: int, requested: int | None, kv_usage: float | None, share: int | None = None
 ) -> Budget:
     """The budget of a request: the request's own, else the configured one,
     else a share of the window; never beyond the window; shrunk by KV pressure
@@ -171,26 +125,3 @@ def archive_count(block_tokens: Sequence[int], fixed_tokens: int, target: int, k
         remaining -= block_tokens[count]
         count += 1
     return count
-
-
-class ScheduleReport(msgspec.Struct, frozen=True):
-    """What the schedule saw and did on one request (the ``pamer`` report's
-    ``schedule`` object)."""
-
-    budget: int
-    """The effective budget."""
-    band_low: int
-    """Where the band starts."""
-    target: int
-    """What a compaction brings the request down to."""
-    sent_tokens: int
-    """Tokens of the request as it would go out without a compaction."""
-    trigger: Trigger | None = None
-    """Why this request compacted (None: it did not)."""
-    cache_break_tokens: int = 0
-    """Tokens the previous request had cached after the prefix that this
-    request's compaction recomputes."""
-    kv_usage: float | None = None
-    """The engine's KV-cache usage (0-1) the budget followed."""
-    kv_share: int | None = None
-    """The session's share of the KV cache (tokens) when it held the budget (``kv_share``)."""

@@ -9,14 +9,14 @@ Per request of a session, with C_eff = P + the live blocks:
 2. the request's size is the server's count of it as received minus a fixed
    offset (what C_eff removes, less E), worked out once per compaction, so no
    request between compactions is counted again;
-3. ``core/schedule.py`` decides whether to compact now; a compaction archives
-   the oldest live blocks down to the target: a summary of them plus a
-   verbatim record (``core/record.py``) of every step the session archived so
-   far, so exact values of early steps carry over, stored with the raw blocks
-   in one transaction before they leave the request; then it chooses the
-   memories to show until the next compaction: the new one whole, and the
-   summaries of older ones closest to the captured state, within the memory
-   budget.
+3. ``decide`` says whether to compact now (the numbers: ``budget.py``);
+4. ``compact`` archives the oldest live blocks down to the target: a summary
+   of them plus a verbatim record (``record.py``) of every step the session
+   archived so far, so exact values of early steps carry over, stored with
+   the raw blocks in one transaction before they leave the request; then it
+   chooses the memories to show until the next compaction: the new one
+   whole, and the summaries of older ones closest to the captured state,
+   within the memory budget. Otherwise ``send`` sends P + E + live blocks.
 
 Any failure sends the original request; nothing is removed before it is stored.
 """
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol
 
 import msgspec
 import numpy as np
@@ -33,89 +32,31 @@ from cachetools import LRUCache, TTLCache
 
 from vllm_pamer.core.blocks import Block, Message
 from vllm_pamer.core.engine import EngineServices
-from vllm_pamer.core.policies.base import MAX_TRACKED_SESSIONS, PolicyContext, PolicyDecision, PolicyRequest
-from vllm_pamer.core.policies.summary import StepFailure, memory_message, step_details
-from vllm_pamer.core.recall import cosine_scores
-from vllm_pamer.core.record import RECORD_HEADER, step_record
-from vllm_pamer.core.schedule import (
-    Budget,
+from vllm_pamer.core.fallback import Fallback
+from vllm_pamer.core.policies.base import (
+    MAX_TRACKED_SESSIONS,
+    HeadVote,
+    PolicyContext,
+    PolicyDecision,
+    PolicyRequest,
     ScheduleReport,
-    ScheduleSettings,
     Trigger,
-    archive_count,
-    budget_for,
-    kv_share_tokens,
-    trigger,
 )
-from vllm_pamer.core.store import Memory, MemoryStore
+from vllm_pamer.core.policies.pamer.budget import Budget, archive_count, budget_for, kv_share_tokens, trigger
+from vllm_pamer.core.policies.pamer.config import BudgetConfig
+from vllm_pamer.core.policies.pamer.memory import MemoryWriter, captured_query, shown_message, summary_part
+from vllm_pamer.core.policies.pamer.record import step_record
+from vllm_pamer.core.policies.summary_writer import StepFailure, step_details
+from vllm_pamer.core.recall import cosine_scores
+from vllm_pamer.core.store import Memory, MemoryStore, StoreError
 from vllm_pamer.core.view import ContextView, context_view, flatten
 
 CHARS_PER_TOKEN = 3.5
 """Characters a token, where a budget in tokens must become one in characters
-before anything is counted (the memory text after a restart)."""
-
-
-class CompactionSettings(ScheduleSettings, Protocol):
-    @property
-    def retained_blocks(self) -> int: ...
-
-    @property
-    def top_k(self) -> int: ...
-
-    @property
-    def summary_max_tokens(self) -> int: ...
-
-    @property
-    def record_share(self) -> float: ...
-
-    @property
-    def memory_share(self) -> float: ...
-
-    @property
-    def kv_pressure_summary_layout(self) -> str: ...
-
-    @property
-    def kv_share_idle_s(self) -> float: ...
-
-    @property
-    def kv_pressure_summary(self) -> bool: ...
-
-
-class CompactionHost(Protocol):
-    """What the schedule needs of the policy that owns it (``Pamer``)."""
-
-    @property
-    def config(self) -> CompactionSettings: ...
-
-    async def summarize_and_embed(
-        self,
-        blocks: Sequence[Block],
-        services: EngineServices,
-        prefix: Sequence[Message] | None = None,
-        shown: Sequence[Memory] = (),
-    ) -> tuple[str, np.ndarray]: ...
-
-    async def embed_memory(
-        self, text: str, services: EngineServices, state: np.ndarray | None = None
-    ) -> np.ndarray: ...
-
-    def captured_query(
-        self, request: PolicyRequest, services: EngineServices, memories: list[Memory]
-    ) -> np.ndarray | None: ...
-
-
-def shown_message(memories: Sequence[Memory]) -> Message:
-    """The memory message of the budget schedule: the newest memory whole (its
-    record covers every archived step), older ones by their summaries."""
-    newest = max((m.id for m in memories), default=0)
-    return memory_message(
-        [m if m.id == newest else msgspec.structs.replace(m, summary=summary_part(m)) for m in memories]
-    )
-
-
-def summary_part(memory: Memory) -> str:
-    """A memory's text without its verbatim record (empty for a record alone)."""
-    return "" if memory.summary.startswith(RECORD_HEADER) else memory.summary.split("\n\n" + RECORD_HEADER, 1)[0]
+before anything is counted: choosing the memories to show after a restart
+(``_shown_ids``) runs on every request until a compaction, and a template
+count (``core/tokens.py``) of each candidate there would cost more than the
+choice is worth; a compaction itself uses the conversation's own ratio."""
 
 
 ANSWER_SHARE = 0.25
@@ -152,18 +93,55 @@ class _Plan(msgspec.Struct, frozen=True):
         return sum(self.block_tokens[: self.count])
 
 
+class _Choice(msgspec.Struct, frozen=True):
+    """What the schedule decided for one request (``decide``), for the action."""
+
+    view: ContextView
+    budget: Budget
+    searchable: list[Memory]
+    """The session's memories of the current embedder (the others still cover their blocks)."""
+    shown: list[Memory]
+    """The memories the request shows: those the last compaction chose."""
+    sent: list[Message]
+    """The request as it goes out without a compaction: P + the memories + the live blocks."""
+    report: ScheduleReport
+    trigger: Trigger | None = None
+    """Why the request compacts (None: it does not)."""
+    plan: _Plan | None = None
+    """The blocks the compaction archives."""
+
+
 class BudgetSchedule:
-    def __init__(self, host: CompactionHost, clock: Callable[[], float] = time.monotonic) -> None:
-        self.host = host
+    def __init__(self, config: BudgetConfig, memory: MemoryWriter, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.memory = memory
         self.clock = clock
         """Seconds, for the sessions' activity (a model of the server sets its own)."""
         # sessions with a request in the last kv_share_idle_s: those sharing the KV cache
         self._active: TTLCache[str, bool] = TTLCache(
-            MAX_TRACKED_SESSIONS, host.config.kv_share_idle_s, timer=lambda: self.clock()
+            MAX_TRACKED_SESSIONS, config.kv_share_idle_s, timer=lambda: self.clock()
         )
-        self._shown: LRUCache[str, tuple[int, ...]] = LRUCache(MAX_TRACKED_SESSIONS)
+        # the memory ids each session shows until its next compaction
+        self._chosen: LRUCache[str, tuple[int, ...]] = LRUCache(MAX_TRACKED_SESSIONS)
         self._offset: LRUCache[str, _Offset] = LRUCache(MAX_TRACKED_SESSIONS)
         self._tokens: LRUCache[str, int] = LRUCache(10 * MAX_TRACKED_SESSIONS)  # by block id / text
+
+    async def on_vote(self, session_id: str, vote: HeadVote, context: PolicyContext) -> None:
+        """The vote is read at the session's next request (``decide``)."""
+
+    async def rewrite(
+        self, request: PolicyRequest, context: PolicyContext, memories: list[Memory], notes: list[str]
+    ) -> PolicyDecision:
+        """Decide, then compact or send append-only. A store read that fails
+        sends the original request (``storage_failure``)."""
+        try:
+            choice = await self.decide(request, context, memories, notes)
+        except StoreError as exc:
+            await context.store.log_event(request.session_id, Fallback.STORAGE_FAILURE.value, {"error": str(exc)})
+            return PolicyDecision.fallback(request.conversation.messages(), Fallback.STORAGE_FAILURE, str(exc))
+        if choice.trigger is not None and choice.plan is not None:
+            return await self.compact(request, context, choice, choice.plan, choice.trigger, notes)
+        return self.send(request, context, choice, notes)
 
     # -- counts -------------------------------------------------------------------
     def _count(self, key: str, messages: list[Message], services: EngineServices) -> int:
@@ -197,14 +175,14 @@ class BudgetSchedule:
         """What the last compaction chose (its event's, where another process
         made it: its new memory is not in ours), else the newest that fit."""
         by_id = {m.id for m in searchable}
-        ids = self._shown.get(session)
+        ids = self._chosen.get(session)
         if searchable and (ids is None or max(by_id) not in ids):
             events = await store.events(session, limit=50)
             logged = [e["detail"].get("shown") for e in events if e["kind"] == "compressed"]
             ids = tuple(logged[-1]) if logged and logged[-1] is not None else None
         if ids is None or (by_id and max(by_id) not in ids) or any(i not in by_id for i in ids):
             ids = tuple(m.id for m in self._choose(searchable, None, budget_chars))
-        self._shown[session] = ids
+        self._chosen[session] = ids
         return ids
 
     def _choose(self, memories: Sequence[Memory], query: np.ndarray | None, budget_chars: int) -> list[Memory]:
@@ -218,7 +196,7 @@ class BudgetSchedule:
         chosen: list[Memory] = [newest]
         used = len(newest.summary)
         for memory in rest:
-            if len(chosen) == self.host.config.top_k:
+            if len(chosen) == self.config.top_k:
                 break
             chars = len(summary_part(memory))
             if chars and used + chars <= budget_chars:  # a record alone shows nothing once older
@@ -226,13 +204,13 @@ class BudgetSchedule:
                 used += chars
         return sorted(chosen, key=lambda m: m.id)
 
-    # -- one request ------------------------------------------------------------------
-    async def rewrite(
+    # -- the decision -----------------------------------------------------------------
+    async def decide(
         self, request: PolicyRequest, context: PolicyContext, memories: list[Memory], notes: list[str]
-    ) -> PolicyDecision:
-        cfg = self.host.config
+    ) -> _Choice:
+        """What the request sends without a compaction, and whether it compacts."""
+        cfg = self.config
         store, services, session = context.store, context.services, request.session_id
-        original = request.conversation.messages()
         view = context_view(request.conversation, memories, cfg.retained_blocks)
         if view.covered:
             notes.append(f"{view.covered} blocks already in memory")
@@ -269,34 +247,16 @@ class BudgetSchedule:
         if why is None and vote is None and sent_tokens >= budget.band_low:
             notes.append("no vote captured (probe failure): no compaction inside the band")
             await store.log_event(session, "probe_missing", {"sent_tokens": sent_tokens})
-        if why is not None and plan is not None and len(view.live) > cfg.retained_blocks:
-            return await self._compact(request, context, view, plan, shown, budget, why, report, searchable, notes)
-        if not view.covered and not shown:
-            return PolicyDecision(original, "none", "; ".join(notes), schedule=report)
-        key = "memory-text:" + ",".join(map(str, shown_ids))
-        inserted_tokens = self._count(key, inserted, services) if inserted else 0
-        return PolicyDecision(
-            sent,
-            "recalled" if shown else "rewritten",
-            "; ".join(notes),
-            inserted_tokens,
-            recalled=shown_ids if shown else None,
-            schedule=report,
-        )
-
-    @staticmethod
-    async def _archived_blocks(store: MemoryStore, session: str, memories: Sequence[Memory]) -> list[Block]:
-        """The raw blocks the session's memories archived, oldest first."""
-        ids = [b for m in sorted(memories, key=lambda m: m.id) for b in m.covered_block_ids]
-        raw = await store.raw_blocks(session, ids) if ids else {}
-        return [Block(tuple(raw[b])) for b in ids if b in raw]
+        if plan is None or len(view.live) <= cfg.retained_blocks:
+            why = None  # nothing old enough to archive
+        return _Choice(view, budget, searchable, shown, sent, report, why, plan if why is not None else None)
 
     def _plan(self, view: ContextView, budget: Budget, services: EngineServices) -> _Plan:
         """Which blocks a compaction now would archive: the oldest, until the
         prefix, the new memory (its summary and its record's share of the
         budget) and the blocks left reach the target; R stays raw unless it alone keeps the
         request from its target, then only the newest block does."""
-        cfg = self.host.config
+        cfg = self.config
         prefix = list(view.prefix)
         prefix_tokens = self._count("prefix:" + str(hash(str(prefix))), prefix, services)
         block_tokens = [self._count(b.block_id, list(b.messages), services) for b in view.live]
@@ -309,21 +269,45 @@ class BudgetSchedule:
             count = archive_count(block_tokens, least, budget.target, 1)
         return _Plan(count, prefix_tokens, block_tokens, record_tokens)
 
-    async def _compact(
+    # -- the actions ------------------------------------------------------------------
+    def send(self, request: PolicyRequest, context: PolicyContext, choice: _Choice, notes: list[str]) -> PolicyDecision:
+        """No compaction: P + the memories shown + the live blocks, append-only."""
+        if not choice.view.covered and not choice.shown:
+            return PolicyDecision(request.conversation.messages(), "none", "; ".join(notes), schedule=choice.report)
+        shown_ids = tuple(m.id for m in choice.shown)
+        key = "memory-text:" + ",".join(map(str, shown_ids))
+        inserted_tokens = self._count(key, [shown_message(choice.shown)], context.services) if choice.shown else 0
+        return PolicyDecision(
+            choice.sent,
+            "recalled" if choice.shown else "rewritten",
+            "; ".join(notes),
+            inserted_tokens,
+            recalled=shown_ids if choice.shown else None,
+            schedule=choice.report,
+        )
+
+    @staticmethod
+    async def _archived_blocks(store: MemoryStore, session: str, memories: Sequence[Memory]) -> list[Block]:
+        """The raw blocks the session's memories archived, oldest first."""
+        ids = [b for m in sorted(memories, key=lambda m: m.id) for b in m.covered_block_ids]
+        raw = await store.raw_blocks(session, ids) if ids else {}
+        return [Block(tuple(raw[b])) for b in ids if b in raw]
+
+    async def compact(
         self,
         request: PolicyRequest,
         context: PolicyContext,
-        view: ContextView,
+        choice: _Choice,
         plan: _Plan,
-        shown: list[Memory],
-        budget: Budget,
         why: Trigger,
-        report: ScheduleReport,
-        searchable: list[Memory],
         notes: list[str],
     ) -> PolicyDecision:
-        cfg = self.host.config
+        """The compaction transaction: write the memory, store it with the raw
+        blocks, and only then send P + the memories chosen + the kept blocks."""
+        cfg = self.config
         store, services, session = context.store, context.services, request.session_id
+        view, budget, report = choice.view, choice.budget, choice.report
+        searchable, shown = choice.searchable, choice.shown
         original = request.conversation.messages()
         prefix = list(view.prefix)
         live = list(view.live)
@@ -338,27 +322,31 @@ class BudgetSchedule:
         )
         chars = sum(len(str(m.get("content") or "")) for m in flatten(archived))
         chars_per_token = max(2.0, chars / max(1, sum(block_tokens[:count])))  # this conversation's own
-        earlier = await self._archived_blocks(store, session, searchable)
+        try:
+            earlier = await self._archived_blocks(store, session, searchable)
+        except StoreError as exc:
+            await store.log_event(session, Fallback.STORAGE_FAILURE.value, {"error": str(exc)})
+            return PolicyDecision.fallback(original, Fallback.STORAGE_FAILURE, str(exc), schedule=report)
         record = step_record(earlier + archived, kept, int(plan.record_tokens * chars_per_token))
         try:
             if budget.under_kv_pressure and not cfg.kv_pressure_summary:  # no request to the scarce engine
                 text = record
-                embedding = await self.host.embed_memory(record, services, request.previous_state)
+                embedding = await self.memory.embed(record, services, request.previous_state)
             else:
                 # under KV pressure the conversation is seldom still cached: the text layout
                 # prefills less; a budget held to the session's KV share keeps it cached
                 scarce = budget.under_kv_pressure and not budget.shared
                 resend = None if scarce and cfg.kv_pressure_summary_layout == "text" else prefix
-                summary, embedding = await self.host.summarize_and_embed(archived, services, resend, shown)
+                summary, embedding = await self.memory.summarize_and_embed(archived, services, resend, shown)
                 text = f"{summary}\n\n{record}"
         except StepFailure as failure:
-            await store.log_event(session, failure.rule, {"error": failure.detail})
-            return PolicyDecision(original, f"fallback:{failure.rule}", failure.detail, schedule=report)
+            await store.log_event(session, failure.rule.value, {"error": failure.detail})
+            return PolicyDecision.fallback(original, failure.rule, failure.detail, schedule=report)
         # the memories shown after the compaction, and the request, before anything is stored
         next_id = max((m.id for m in searchable), default=0) + 1  # ids grow: it sorts where it will
         provisional = Memory(next_id, session, text, embedding, services.embedder_name, (), (), 0.0)
         memory_chars = int(room * chars_per_token)  # the newest is shown whatever its size
-        query = self.host.captured_query(request, services, searchable) if searchable else None
+        query = captured_query(cfg, request, services, searchable) if searchable else None
         chosen = self._choose([*searchable, provisional], query, memory_chars)
         reduced = prefix + [shown_message(chosen)] + flatten(kept)
         reduced_tokens = services.prompt_tokens(reduced, request.tools)
@@ -370,13 +358,13 @@ class BudgetSchedule:
                 session, text, embedding, services.embedder_name, archived, step_details(archived)
             )
         except Exception as exc:  # storage precedes removal: nothing is removed
-            await store.log_event(session, "storage_failure", {"error": str(exc)})
-            return PolicyDecision(original, "fallback:storage_failure", str(exc), schedule=report)
+            await store.log_event(session, Fallback.STORAGE_FAILURE.value, {"error": str(exc)})
+            return PolicyDecision.fallback(original, Fallback.STORAGE_FAILURE, str(exc), schedule=report)
         final = [msgspec.structs.replace(m, id=memory_id) if m is provisional else m for m in chosen]
         shown_ids = tuple(sorted(m.id for m in final))
         reduced = prefix + [shown_message(final)] + flatten(kept)
         reduced_tokens = services.prompt_tokens(reduced, request.tools)
-        self._shown[session] = shown_ids
+        self._chosen[session] = shown_ids
         if request.prompt_tokens is not None:
             covered = view.covered + len(archived)
             self._offset[session] = _Offset(covered, shown_ids, request.prompt_tokens - reduced_tokens)

@@ -1,0 +1,90 @@
+"""Writing a PaMER memory, for both schedules: the summary
+(``summary_writer.py``) and its embedding, the query recall searches with,
+and the memory text the budget schedule shows."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import msgspec
+import numpy as np
+
+from vllm_pamer.core.blocks import Block, Message
+from vllm_pamer.core.engine import EngineServices
+from vllm_pamer.core.fallback import Fallback
+from vllm_pamer.core.policies.base import PolicyRequest
+from vllm_pamer.core.policies.pamer.config import PamerOptions
+from vllm_pamer.core.policies.pamer.record import RECORD_HEADER
+from vllm_pamer.core.policies.summary_writer import StepFailure, memory_message, summary_instruction, write_summary
+from vllm_pamer.core.recall import SERVED_STATE_EMBEDDER
+from vllm_pamer.core.retry import with_retries
+from vllm_pamer.core.store import Memory
+from vllm_pamer.core.view import flatten
+
+
+class MemoryWriter:
+    """A memory's text and embedding, with the config's layout and retries."""
+
+    def __init__(self, config: PamerOptions) -> None:
+        self.config = config
+
+    async def summarize_and_embed(
+        self,
+        blocks: Sequence[Block],
+        services: EngineServices,
+        prefix: Sequence[Message] | None = None,
+        shown: Sequence[Memory] = (),
+    ) -> tuple[str, np.ndarray]:
+        """``prefix`` (P) and ``shown`` (the memories the previous request
+        showed) rebuild what the engine saw before ``blocks``, for the
+        conversation layout; without ``prefix`` the text layout is used."""
+        cfg = self.config
+        conversation = None
+        if cfg.summary_layout == "conversation" and prefix is not None:
+            seen = list(prefix) + ([memory_message(shown)] if shown else [])
+            conversation = seen + flatten(blocks) + [summary_instruction(after_memories=bool(shown))]
+        summary = await write_summary(services, cfg, blocks, conversation)
+        return summary, await self.embed(summary, services)
+
+    async def embed(self, text: str, services: EngineServices, state: np.ndarray | None = None) -> np.ndarray:
+        """A memory's embedding: ``state`` (the served model's, captured at the
+        session's previous prompt, which costs no request) when given and the
+        memories live in that space, else ``text`` embedded."""
+        if state is not None and services.embedder_name == SERVED_STATE_EMBEDDER:
+            return np.asarray(state, dtype=np.float32)
+        cfg = self.config
+        try:
+            return await with_retries(
+                lambda: services.embed(text), cfg.embed_timeout_s, cfg.embed_attempts, "memory embedding"
+            )
+        except Exception as exc:
+            raise StepFailure(Fallback.EMBEDDING_FAILURE, str(exc)) from exc
+
+
+def captured_query(
+    cfg: PamerOptions, request: PolicyRequest, services: EngineServices, memories: list[Memory]
+) -> np.ndarray | None:
+    """The deferred query (``query_source="captured"``) when it can stand in
+    for the text query: a state was captured and it lives in the space the
+    memories were embedded in (the served model's, same width)."""
+    state = request.previous_state
+    if cfg.query_source != "captured" or state is None:
+        return None
+    if services.embedder_name != SERVED_STATE_EMBEDDER:
+        return None
+    widths = {len(m.embedding) for m in memories if m.embedder == SERVED_STATE_EMBEDDER}
+    return np.asarray(state, dtype=np.float32) if widths == {len(state)} else None
+
+
+def shown_message(memories: Sequence[Memory]) -> Message:
+    """The budget schedule's memory message: the newest memory whole (its
+    record covers every archived step), older ones by their summaries."""
+    newest = max((m.id for m in memories), default=0)
+    return memory_message(
+        [m if m.id == newest else msgspec.structs.replace(m, summary=summary_part(m)) for m in memories]
+    )
+
+
+def summary_part(memory: Memory) -> str:
+    """A memory's text without its verbatim record (empty for a record alone)."""
+    return "" if memory.summary.startswith(RECORD_HEADER) else memory.summary.split("\n\n" + RECORD_HEADER, 1)[0]
