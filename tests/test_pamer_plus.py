@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import jsonschema
 import numpy as np
 import pytest
 
@@ -64,11 +65,34 @@ def test_selected_steps_are_recalled_and_injected_after_the_summaries(store):
     assert out.messages[2]["content"].startswith(MEMORY_HEADER)
     assert out.messages[3]["content"].startswith(f"{EVIDENCE_HEADER} 1.3:")
     assert [kind for kind, _ in services.calls] == ["selector", "recall"]
-    assert services.calls[0][1] == selection_schema(3, 8)  # constrained by the schema (top_k, max steps)
+    _assert_bounds(services.calls[0][1], max_summaries=3, max_steps=8)  # top_k, max_selected_steps
     # the same selection again is a cache hit: no second recall request
     again = ScriptedServices({"summary_ids": [1], "raw_steps_needed": ["1.3"]})
     assert later(store, policy, again).messages == out.messages
     assert [kind for kind, _ in again.calls] == ["selector"]
+
+
+def _assert_bounds(schema, max_summaries, max_steps):
+    """The selector's answer is constrained to selections the policy can use:
+    the schema accepts one and refuses too many ids, too many steps, a step
+    that is not ``memory.step`` and any other field."""
+    jsonschema.validate({"summary_ids": [1], "raw_steps_needed": ["1.3"]}, schema)
+    jsonschema.validate({"summary_ids": [], "raw_steps_needed": []}, schema)
+    refused = [
+        {"summary_ids": list(range(max_summaries + 1)), "raw_steps_needed": []},
+        {"summary_ids": [1], "raw_steps_needed": [f"1.{i}" for i in range(max_steps + 1)]},
+        {"summary_ids": [1], "raw_steps_needed": ["1.x"]},
+        {"summary_ids": [1], "raw_steps_needed": ["step 1.3"]},
+        {"summary_ids": [1]},
+        {"summary_ids": [1], "raw_steps_needed": [], "why": "extra"},
+    ]
+    for selection in refused:
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(selection, schema)
+
+
+def test_the_selection_schema_follows_the_options():
+    _assert_bounds(selection_schema(1, 2), max_summaries=1, max_steps=2)
 
 
 @pytest.mark.parametrize(

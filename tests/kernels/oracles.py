@@ -82,6 +82,8 @@ def check_vote(got, logits64: np.ndarray, thresholds: torch.Tensor, min_votes: i
     clear = (np.abs(logits64 - thr64) > VOTE_CLEAR).all(axis=1)
     want_votes = (logits64 > thr64).sum(axis=1)
     np.testing.assert_array_equal(votes.cpu().numpy()[clear], want_votes[clear])
+    # the decision follows the oracle's votes where they are clear, and the kernel's own everywhere
+    np.testing.assert_array_equal(decision.cpu().numpy()[clear], (want_votes >= min_votes)[clear])
     np.testing.assert_array_equal(decision.cpu().numpy(), votes.cpu().numpy() >= min_votes)
     return int(clear.sum())
 

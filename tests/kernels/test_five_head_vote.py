@@ -23,7 +23,9 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 def test_reference_matches_float64(batch, d, x_dtype):
     args, logits64 = vote_problem(batch, d, x_dtype=DTYPES[x_dtype], seed=batch * 7919 + d)
     for min_votes in (1, 3, 5):
-        assert check_vote(five_head_vote_reference(*args, min_votes), logits64, args[5], min_votes) >= batch // 2
+        checked = check_vote(five_head_vote_reference(*args, min_votes), logits64, args[5], min_votes)
+        # rows whose logits all clear their thresholds have their votes checked exactly: nearly all here
+        assert checked >= max(1, batch - batch // 4), checked
 
 
 def test_reference_large_batch_and_float64():
