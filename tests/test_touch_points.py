@@ -1,4 +1,4 @@
-"""The adapters' touch points (``adapters/vllm_0_32/touch_points.py``) hold in
+"""The adapters' touch points (``adapters/vllm_from_0_32/touch_points.py``) hold in
 the installed vLLM's source, and in vLLM 0.33's, read from its wheel (GPU
 only, so never installed here): downloaded once into the cache with
 ``pip download --no-deps``; without a network the 0.33 check is skipped,
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from vllm_pamer.adapters import ADAPTERS
-from vllm_pamer.adapters.vllm_0_32.touch_points import TOUCH_POINTS, TouchPoint
+from vllm_pamer.adapters.vllm_from_0_32.touch_points import TOUCH_POINTS, TouchPoint
 
 WHEEL_SERIES = {"0.33": "0.33.0"}
 """Series served by an adapter but not installable here: the wheel read."""
@@ -118,5 +118,5 @@ def test_touch_points_hold_in_the_installed_vllm():
 @pytest.mark.network
 @pytest.mark.parametrize("series", sorted(WHEEL_SERIES))
 def test_touch_points_hold_in_a_served_series_wheel(series):
-    assert ADAPTERS[series] == "vllm_0_32"  # the package whose touch points these are
+    assert ADAPTERS[series] == "vllm_from_0_32"  # the package whose touch points these are
     assert _problems(wheel_sources(WHEEL_SERIES[series])) == []

@@ -4,7 +4,7 @@ publishes: ``CaptureEngine`` runs prompts of token ids through vLLM's ``LLM``
 prompt's capture record from the PULL end of the capture channel
 (``vllm_pamer.channel``), bound in this process. ``vllm-pamer extract`` and
 the engine tests drive it; the vLLM calls themselves are in
-``vllm_pamer.adapters.vllm_0_32.offline``.
+``vllm_pamer.adapters.vllm_from_0_32.offline``.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ model, ``...Model`` or ``...ForSequenceClassification``, samples nothing to capt
 
 def check_architecture(model: str | Path) -> None:
     """Refuse a model that computes no logits: no state would come back (any
-    generative architecture is captured, ``adapters/vllm_0_32/models.py``)."""
+    generative architecture is captured, ``adapters/vllm_from_0_32/models.py``)."""
     from transformers import AutoConfig
 
     architectures = getattr(AutoConfig.from_pretrained(str(model)), "architectures", None) or []
