@@ -17,8 +17,9 @@ from collections.abc import Iterable
 from typing import Any
 
 ADAPTERS = {"0.32": "vllm_from_0_32", "0.33": "vllm_from_0_32"}
-"""vLLM series -> the adapter package serving it. 0.33 changed none of 0.32's
-touch points (``tests/test_touch_points.py`` reads them in 0.33's wheel)."""
+"""vLLM series -> the adapter package serving it. A series joins a package
+when that package's touch points hold in its source, as recorded in the
+package's ``touch_points.json`` (``touch_facts.py`` says how to record it)."""
 
 
 class UnsupportedVllm(RuntimeError):

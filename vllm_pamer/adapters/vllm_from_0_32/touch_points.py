@@ -1,25 +1,14 @@
 """Everything of vLLM this adapter package reads, as data: one entry per
 module-level class or function, with the names it must still hold (its
 methods, fields, ``self.`` attributes, parameters, the calls and strings in its
-body). ``tests/test_touch_points.py`` checks them against the installed vLLM's
-source and against each other series this package serves (``ADAPTERS`` in
-``adapters/__init__.py``), read from that series' wheel, never imported.
+body). The facts recorded from each series' wheel sit beside this file
+(``touch_points.json``); after changing an entry, re-record them with
+``python -m vllm_pamer.adapters.touch_facts`` (``adapters/touch_facts.py``).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
-
-class TouchPoint(NamedTuple):
-    path: str
-    """Source file under the ``vllm`` package."""
-    qualname: str
-    """A module-level class or function, or ``Class.method``; "" for the module."""
-    names: tuple[str, ...] = ()
-    """Identifiers or string constants that must occur in it."""
-    why: str = ""
-
+from vllm_pamer.adapters.touch_facts import TouchPoint
 
 TOUCH_POINTS: tuple[TouchPoint, ...] = (
     # -- registration.py / models.py: every architecture resolved to a capturing class
