@@ -11,11 +11,12 @@ if TYPE_CHECKING:  # callers are type-checked against the reference package
         generate_captures,
         make_llm,
         max_model_len,
+        metric_total,
         shutdown,
         tokenizer,
     )
 
-__all__ = ["generate_captures", "make_llm", "max_model_len", "shutdown", "tokenizer"]
+__all__ = ["generate_captures", "make_llm", "max_model_len", "metric_total", "shutdown", "tokenizer"]
 
 if not TYPE_CHECKING:
     globals().update(implementation("offline", __all__))

@@ -98,6 +98,14 @@ TOUCH_POINTS: tuple[TouchPoint, ...] = (
     TouchPoint("v1/metrics/loggers.py", "", ("vllm:kv_cache_usage_perc",)),
     # -- offline.py and cpu.py
     TouchPoint("entrypoints/llm.py", "LLM.generate", ("prompts", "sampling_params", "use_tqdm")),
+    TouchPoint("entrypoints/llm.py", "LLM.__init__", ("llm_engine",)),
     TouchPoint("entrypoints/llm.py", "LLM.get_tokenizer"),
+    TouchPoint("entrypoints/llm.py", "LLM.get_metrics"),
+    TouchPoint("v1/engine/llm_engine.py", "LLMEngine.__init__", ("model_config", "engine_core")),
+    TouchPoint("v1/engine/core_client.py", "EngineCoreClient.shutdown"),
+    TouchPoint("inputs/llm.py", "TokensPrompt", ("prompt_token_ids",)),
+    TouchPoint("sampling_params.py", "SamplingParams", ("detokenize",)),
+    TouchPoint("v1/metrics/reader.py", "Counter", ("value",)),
+    TouchPoint("v1/metrics/reader.py", "Metric", ("name",)),
     TouchPoint("entrypoints/cli/main.py", "main"),
 )
