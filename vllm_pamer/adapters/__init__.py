@@ -55,5 +55,5 @@ def implementation(role: str, names: Iterable[str]) -> dict[str, Any]:
     module = importlib.import_module(f"{__name__}.{package}.{role}")
     missing = [name for name in names if not hasattr(module, name)]
     if missing:
-        raise ImportError(f"{module.__name__} lacks {', '.join(missing)}, which adapters/{role}.py exports")
+        raise ImportError(f"the adapter {module.__name__} lacks {', '.join(missing)}")
     return {name: getattr(module, name) for name in names}
