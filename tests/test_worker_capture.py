@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from tests.fakes import Sink
-from vllm_pamer.adapters.vllm_0_32.worker_v1 import V1Step
+from vllm_pamer.adapters.vllm_from_0_32.worker_v1 import V1Step
 from vllm_pamer.channel import CAPTURE_KEY
 from vllm_pamer.core.heads import ModelFingerprint, random_heads, save_heads
 from vllm_pamer.settings import Settings

@@ -1,16 +1,22 @@
 """vLLM's offline ``LLM``, for the installed series (see ``__init__``)."""
 
-from vllm_pamer.adapters import ADAPTERS, vllm_series
+from __future__ import annotations
 
-SERIES = vllm_series()  # refuses an unsupported vLLM here, at import
-assert ADAPTERS[SERIES] == "vllm_0_32"  # a series with a package of its own becomes a branch here
+from typing import TYPE_CHECKING
 
-from vllm_pamer.adapters.vllm_0_32.offline import (  # noqa: E402
-    generate_captures,
-    make_llm,
-    max_model_len,
-    shutdown,
-    tokenizer,
-)
+from vllm_pamer.adapters import implementation
 
-__all__ = ["generate_captures", "make_llm", "max_model_len", "shutdown", "tokenizer"]
+if TYPE_CHECKING:  # callers are type-checked against the reference package
+    from vllm_pamer.adapters.vllm_from_0_32.offline import (
+        generate_captures,
+        make_llm,
+        max_model_len,
+        metric_total,
+        shutdown,
+        tokenizer,
+    )
+
+__all__ = ["generate_captures", "make_llm", "max_model_len", "metric_total", "shutdown", "tokenizer"]
+
+if not TYPE_CHECKING:
+    globals().update(implementation("offline", __all__))

@@ -1,25 +1,28 @@
 """API-server side of vLLM, for the installed series (see ``__init__``)."""
 
-from vllm_pamer.adapters import ADAPTERS, vllm_series
+from __future__ import annotations
 
-SERIES = vllm_series()  # refuses an unsupported vLLM here, at import
-assert ADAPTERS[SERIES] == "vllm_0_32"  # a series with a package of its own becomes a branch here
-from vllm_pamer.adapters.vllm_0_32.serving import (  # noqa: E402
-    REQUEST_ERRORS,
-    ChatCompletionRequest,
-    ErrorResponse,
-    api_keys,
-    call_workers,
-    internal_sampling_params,
-    is_error,
-    key_check,
-    kv_cache_usage,
-    kv_capacity_tokens,
-    template_tools,
-    validate_chat_request,
-    with_cancellation,
-    worker_extension,
-)
+from typing import TYPE_CHECKING
+
+from vllm_pamer.adapters import implementation
+
+if TYPE_CHECKING:  # callers are type-checked against the reference package
+    from vllm_pamer.adapters.vllm_from_0_32.serving import (
+        REQUEST_ERRORS,
+        ChatCompletionRequest,
+        ErrorResponse,
+        api_keys,
+        call_workers,
+        internal_sampling_params,
+        is_error,
+        key_check,
+        kv_cache_usage,
+        kv_capacity_tokens,
+        template_tools,
+        validate_chat_request,
+        with_cancellation,
+        worker_extension,
+    )
 
 __all__ = [
     "REQUEST_ERRORS",
@@ -37,3 +40,6 @@ __all__ = [
     "with_cancellation",
     "worker_extension",
 ]
+
+if not TYPE_CHECKING:
+    globals().update(implementation("serving", __all__))

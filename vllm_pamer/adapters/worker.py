@@ -1,9 +1,15 @@
 """Engine side of vLLM, for the installed series (see ``__init__``)."""
 
-from vllm_pamer.adapters import ADAPTERS, vllm_series
+from __future__ import annotations
 
-SERIES = vllm_series()  # refuses an unsupported vLLM here, at import
-assert ADAPTERS[SERIES] == "vllm_0_32"  # a series with a package of its own becomes a branch here
-from vllm_pamer.adapters.vllm_0_32.registration import register  # noqa: E402
+from typing import TYPE_CHECKING
+
+from vllm_pamer.adapters import implementation
+
+if TYPE_CHECKING:  # callers are type-checked against the reference package
+    from vllm_pamer.adapters.vllm_from_0_32.registration import register
 
 __all__ = ["register"]
+
+if not TYPE_CHECKING:
+    globals().update(implementation("registration", __all__))

@@ -1,4 +1,4 @@
-"""vLLM 0.32: what the general plugin does in every vLLM process (API server,
+"""What the general plugin does in every vLLM process (API server,
 EngineCore, workers), so only re-entrant, light things: make vLLM's model
 registry resolve every architecture to its capturing class (``models.py``,
 imported when an architecture is resolved, by then vLLM has loaded torch). The
@@ -21,7 +21,7 @@ def register() -> None:
 
     @functools.wraps(original)
     def resolve_model_cls(architectures: Any, model_config: Any) -> tuple[type, str]:
-        from vllm_pamer.adapters.vllm_0_32.models import capturing
+        from vllm_pamer.adapters.vllm_from_0_32.models import capturing
 
         cls, arch = original(architectures, model_config=model_config)
         # the served model only: a speculative drafter ("draft") or a pooling model samples nothing of ours

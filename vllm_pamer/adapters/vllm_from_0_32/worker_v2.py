@@ -1,4 +1,4 @@
-"""vLLM 0.32, Model Runner V2 (``vllm/v1/worker/gpu/model_runner.py``, vLLM's
+"""Model Runner V2 (``vllm/v1/worker/gpu/model_runner.py``, vLLM's
 GPU default): the worker's touch points. Three methods are wrapped, none is
 changed inside (that file asks to stay minimal):
 

@@ -1,4 +1,4 @@
-"""vLLM 0.32, API-server side: the OpenAI protocol classes, request validation,
+"""The API-server side: the OpenAI protocol classes, request validation,
 internal requests' sampling parameters, and the cancellation wrapper the
 plugin's chat route shares with vLLM's own routes."""
 

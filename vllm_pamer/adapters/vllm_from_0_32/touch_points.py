@@ -1,25 +1,14 @@
 """Everything of vLLM this adapter package reads, as data: one entry per
 module-level class or function, with the names it must still hold (its
 methods, fields, ``self.`` attributes, parameters, the calls and strings in its
-body). ``tests/test_touch_points.py`` checks them against the installed vLLM's
-source and against each other series this package serves (``ADAPTERS`` in
-``adapters/__init__.py``), read from that series' wheel, never imported.
+body). The facts recorded from each series' wheel sit beside this file
+(``touch_points.json``); after changing an entry, re-record them with
+``python -m vllm_pamer.adapters.touch_facts`` (``adapters/touch_facts.py``).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
-
-class TouchPoint(NamedTuple):
-    path: str
-    """Source file under the ``vllm`` package."""
-    qualname: str
-    """A module-level class or function, or ``Class.method``; "" for the module."""
-    names: tuple[str, ...] = ()
-    """Identifiers or string constants that must occur in it."""
-    why: str = ""
-
+from vllm_pamer.adapters.touch_facts import TouchPoint
 
 TOUCH_POINTS: tuple[TouchPoint, ...] = (
     # -- registration.py / models.py: every architecture resolved to a capturing class
@@ -109,6 +98,14 @@ TOUCH_POINTS: tuple[TouchPoint, ...] = (
     TouchPoint("v1/metrics/loggers.py", "", ("vllm:kv_cache_usage_perc",)),
     # -- offline.py and cpu.py
     TouchPoint("entrypoints/llm.py", "LLM.generate", ("prompts", "sampling_params", "use_tqdm")),
+    TouchPoint("entrypoints/llm.py", "LLM.__init__", ("llm_engine",)),
     TouchPoint("entrypoints/llm.py", "LLM.get_tokenizer"),
+    TouchPoint("entrypoints/llm.py", "LLM.get_metrics"),
+    TouchPoint("v1/engine/llm_engine.py", "LLMEngine.__init__", ("model_config", "engine_core")),
+    TouchPoint("v1/engine/core_client.py", "EngineCoreClient.shutdown"),
+    TouchPoint("inputs/llm.py", "TokensPrompt", ("prompt_token_ids",)),
+    TouchPoint("sampling_params.py", "SamplingParams", ("detokenize",)),
+    TouchPoint("v1/metrics/reader.py", "Counter", ("value",)),
+    TouchPoint("v1/metrics/reader.py", "Metric", ("name",)),
     TouchPoint("entrypoints/cli/main.py", "main"),
 )
