@@ -34,7 +34,8 @@ from benchmarks.policies import policy_options, shared_or_shipped, start_server
 from vllm_pamer.default_model import ensure_default_model, shipped_heads
 from vllm_pamer.replay.ab import interleaved_rounds
 from vllm_pamer.replay.client import ReplaySettings, connect, plan_replay, replay_policy
-from vllm_pamer.replay.report import PolicyRow, fmt, summarize
+from vllm_pamer.replay.records import PolicyRow
+from vllm_pamer.replay.report import fmt, summarize
 from vllm_pamer.replay.sittings import KV_TOKENS_RE
 
 SIDES = ("a: default KV", "b: small KV")

@@ -7,13 +7,9 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from statistics import mean
-from typing import TYPE_CHECKING
 
 from vllm_pamer.replay.evidence import FrontierPoint, recency_curve
-from vllm_pamer.replay.records import StepRecord
-
-if TYPE_CHECKING:
-    from vllm_pamer.replay.report import PolicyRow
+from vllm_pamer.replay.records import PolicyRow, StepRecord
 
 
 def context_per_turn(records: Sequence[StepRecord]) -> dict[str, dict[int, float]]:

@@ -1,7 +1,9 @@
-"""What a replay records: one ``StepRecord`` per request, one ``RunSummary`` per policy run.
+"""What a replay records: one ``StepRecord`` per request, one ``RunSummary`` per
+policy run, and the report's ``PolicyRow`` per policy (``report.summarize``).
 
-Shared by the client (writes them) and the report (reads them); both are
-plain msgspec structs, stored as JSON lines / JSON.
+Shared by the client (writes the records), the report (reads them, computes
+the rows) and its plots (draw the rows); all plain msgspec structs, stored as
+JSON lines / JSON.
 """
 
 from __future__ import annotations
@@ -75,6 +77,38 @@ class RunSummary(msgspec.Struct, kw_only=True):
     """After minus before, per Prometheus sample (``name{labels}``)."""
     kv_usage_peak: float | None = None
     """Highest ``vllm:kv_cache_usage_perc`` sampled during the run (0-1)."""
+
+
+class PolicyRow(msgspec.Struct, kw_only=True):
+    policy: str
+    trajectories: int
+    requests: int
+    answered: int
+    beyond_window: int
+    errors: int
+    tokens_per_trajectory: float | None = None
+    internal_tokens: float = 0.0
+    mean_peak_context: float | None = None
+    prefill_computed: float | None = None
+    peak_kv_usage: float | None = None
+    steps_per_min: float | None = None
+    """Answered requests a minute (refused ones excluded)."""
+    requests_per_min: float | None = None
+    """Every request a minute, refused ones included."""
+    preemptions: float | None = None
+    compactions: int = 0
+    """Requests that compacted (action ``compressed``)."""
+    cache_break_tokens: int = 0
+    """Prefix-cached tokens those compactions made the engine compute again
+    (the ``schedule`` report; 0 for policies without one)."""
+    evidence_availability: float | None = None
+    chars_share: float | None = None
+    over_recency: float | None = None
+    agree_tool: float | None = None
+    agree_args: float | None = None
+    cache_hits: float | None = None
+    recall_changes: float | None = None
+    recalls: int = 0
 
 
 def _open(path: str | Path, mode: str):

@@ -56,41 +56,9 @@ import msgspec
 from vllm_pamer.replay import prometheus
 from vllm_pamer.replay.evidence import FrontierPoint, recency_at, recency_frontier
 from vllm_pamer.replay.plots import plot_all
-from vllm_pamer.replay.records import RunSummary, StepRecord, write_records, write_runs
+from vllm_pamer.replay.records import PolicyRow, RunSummary, StepRecord, write_records, write_runs
 
 BASELINE = "none"
-
-
-class PolicyRow(msgspec.Struct, kw_only=True):
-    policy: str
-    trajectories: int
-    requests: int
-    answered: int
-    beyond_window: int
-    errors: int
-    tokens_per_trajectory: float | None = None
-    internal_tokens: float = 0.0
-    mean_peak_context: float | None = None
-    prefill_computed: float | None = None
-    peak_kv_usage: float | None = None
-    steps_per_min: float | None = None
-    """Answered requests a minute (refused ones excluded)."""
-    requests_per_min: float | None = None
-    """Every request a minute, refused ones included."""
-    preemptions: float | None = None
-    compactions: int = 0
-    """Requests that compacted (action ``compressed``)."""
-    cache_break_tokens: int = 0
-    """Prefix-cached tokens those compactions made the engine compute again
-    (the ``schedule`` report; 0 for policies without one)."""
-    evidence_availability: float | None = None
-    chars_share: float | None = None
-    over_recency: float | None = None
-    agree_tool: float | None = None
-    agree_args: float | None = None
-    cache_hits: float | None = None
-    recall_changes: float | None = None
-    recalls: int = 0
 
 
 def jaccard(a: Sequence[str], b: Sequence[str]) -> float:

@@ -24,8 +24,8 @@ from typing import Any
 import msgspec
 
 from vllm_pamer.replay.client import ReplaySettings, TrajectoryPlan, connect, replay_policy
-from vllm_pamer.replay.records import RunSummary, StepRecord
-from vllm_pamer.replay.report import KIND_TITLES, PolicyRow, fmt, markdown_table, summarize, write_report
+from vllm_pamer.replay.records import PolicyRow, RunSummary, StepRecord
+from vllm_pamer.replay.report import KIND_TITLES, fmt, markdown_table, summarize, write_report
 
 UNITS_FILE = "units.jsonl.gz"
 SITTING_FLAGS = ("--stop-after-min", "--rerun")
