@@ -5,7 +5,7 @@ of the default model (the fast part: ``tests/e2e/test_fuzz_serve.py``).
     .venv/bin/python -m benchmarks.adversarial load --sessions 32 --max-steps 16
     .venv/bin/python -m benchmarks.adversarial crash --cycles 10
 
-* ``fuzz``: fuzzed requests (``tests/fuzz_requests.py``) on the fuzz suite's
+* ``fuzz``: fuzzed requests (``tests/support/fuzz_requests.py``) on the fuzz suite's
   server; prints the answers by status; any 5xx is a failure.
 * ``load``: ``--sessions`` real trajectories replayed at once, each its own
   session, under PaMER with a context budget small enough to compact; checks
@@ -65,8 +65,7 @@ def serve(args: list[str], root: Path, name: str = "server.log") -> ServerProces
 def fuzz(args: argparse.Namespace) -> int:
     from hypothesis import given, seed
 
-    from tests.e2e.test_fuzz_serve import FUZZ_SERVER_ARGS, KEY
-    from tests.fuzz_requests import check_answer, fuzz_settings, fuzzed_requests, send
+    from tests.support.fuzz_requests import FUZZ_SERVER_ARGS, KEY, check_answer, fuzz_settings, fuzzed_requests, send
     from vllm_pamer.demo import ensure_demo_heads
 
     model_dir = ensure_default_model(quiet=True)

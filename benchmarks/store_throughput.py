@@ -10,7 +10,7 @@ memory with the raw blocks of two real agent steps (of the tau-bench and
 mini-swe-agent trajectories) and its event; a recall load reads back every memory of the
 session, as a request of a session with memories does (here the session holds every memory its
 writer committed). PostgreSQL is a
-throw-away cluster started here (``tests/postgres.py``) with durability off
+throw-away cluster started here (``tests/support/postgres.py``) with durability off
 (``fsync=off``), SQLite runs WAL with ``synchronous=NORMAL``: neither waits for
 the disk, so the figures compare the engines' work, not the disk. Rounds
 alternate the backends (a b b a ...) so a load on the machine falls on both.
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.postgres import Cluster
+from tests.support.postgres import Cluster
 from vllm_pamer.core.blocks import Block, split_conversation
 from vllm_pamer.core.policies.summary_writer import step_details
 from vllm_pamer.stores import open_store

@@ -36,7 +36,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def pg_cluster():
-    """A throw-away PostgreSQL cluster (``tests/postgres.py``) for the session."""
+    """A throw-away PostgreSQL cluster (``tests/support/postgres.py``) for the session."""
     from tests.postgres import Cluster
 
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.helpers import start_pamer_server
+from tests.support.serve import start_pamer_server
 from vllm_pamer.core.heads import constant_heads, save_heads
 from vllm_pamer.model_config import model_fingerprint
 

@@ -11,15 +11,13 @@ import httpx
 import pytest
 from hypothesis import given
 
-from tests.fuzz_requests import check_answer, fuzz_settings, fuzzed_requests, send
+from tests.support.fuzz_requests import FUZZ_SERVER_ARGS, KEY, check_answer, fuzz_settings, fuzzed_requests, send
 from vllm_pamer.demo import ensure_demo_heads
 from vllm_pamer.server_process import ServerProcess
 
 pytestmark = pytest.mark.e2e
 
-KEY = "fuzz-key"
 EXAMPLES = int(os.environ.get("PAMER_FUZZ_EXAMPLES", "300"))
-FUZZ_SERVER_ARGS = ["--pamer-policy", "pamer", "--max-model-len", "2048", "--enforce-eager", "--api-key", KEY]
 
 
 @pytest.fixture(scope="module")

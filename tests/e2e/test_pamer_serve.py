@@ -13,8 +13,8 @@ import time
 import pytest
 import requests
 
-from tests.e2e.helpers import TRAJECTORY, chat, client_for, start_pamer_server
 from tests.fakes import blocking
+from tests.support.serve import TRAJECTORY, chat, client_for, start_pamer_server
 from vllm_pamer.core.blocks import protocol_issues, split_conversation
 from vllm_pamer.core.policies.summary_writer import MEMORY_HEADER
 from vllm_pamer.stores.sqlite import SqliteStore
@@ -165,7 +165,7 @@ def test_window_guard_compresses_a_first_request_longer_than_the_window(compress
     assert protocol_issues(report["messages_sent"]) == []
 
 
-BUDGET_STEPS = 24  # the budget of "pamer_budget" (tests/e2e/helpers.py) is reached twice in these
+BUDGET_STEPS = 24  # the budget of "pamer_budget" (tests/support/serve.py) is reached twice in these
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """End to end: every policy inside one real ``vllm-pamer serve``
-(always-compress heads, short internal answers; tests/e2e/helpers.py),
+(always-compress heads, short internal answers; tests/support/serve.py),
 chosen per request by header, replaying the first steps of a real tau-bench
 trajectory; and SAM's memory tool resolved by the server."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import requests
 
-from tests.e2e.helpers import TRAJECTORY, chat, client_for
+from tests.support.serve import TRAJECTORY, chat, client_for
 from vllm_pamer.core.blocks import protocol_issues, split_conversation
 from vllm_pamer.core.policies.pamer.plus import EVIDENCE_HEADER
 from vllm_pamer.core.policies.sam import CUES_HEADER

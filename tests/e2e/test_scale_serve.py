@@ -1,7 +1,7 @@
 """vLLM's ways to scale, end to end: several API-server processes, data and
 tensor parallel engines (a tiny random Llama), and replicas behind vLLM's
 router sharing a PostgreSQL store, one of which dies mid-trajectory. The
-scenarios are ``benchmarks/scale.py``'s, which prints their figures."""
+scenarios: ``tests/support/scale.py`` (``benchmarks/scale.py`` prints their figures)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from benchmarks.scale import min_cosine, run_failover, run_mode, user_turns
-from tests.e2e.helpers import chat, client_for, start_pamer_server
-from tests.engine.tiny_models import build_tiny_model
 from tests.fakes import blocking
+from tests.support.scale import min_cosine, run_failover, run_mode, user_turns
+from tests.support.serve import chat, client_for, start_pamer_server
+from tests.support.tiny_models import build_tiny_model
 from vllm_pamer.stores import open_store
 from vllm_pamer.trajectories import agent_requests, load_trajectories
 

@@ -9,7 +9,7 @@ import json
 import pytest
 import requests
 
-from tests.e2e.helpers import chat
+from tests.support.serve import chat
 from vllm_pamer.core.blocks import protocol_issues
 from vllm_pamer.default_model import DEFAULT_MODEL_NAME
 from vllm_pamer.demo import ensure_demo_heads

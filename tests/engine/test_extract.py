@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.engine.tiny_models import build_tiny_model, hf_last_token_states
+from tests.support.tiny_models import build_tiny_model, hf_last_token_states
 from vllm_pamer.core.render import render_tools_as_text
 from vllm_pamer.offline_engine import CaptureEngine
 from vllm_pamer.training.annotate import annotate_trajectory, char_counter

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.engine.tiny_models import build_tiny_model
+from tests.support.tiny_models import build_tiny_model
 from vllm_pamer.core.heads import load_heads
 from vllm_pamer.kernels import five_head_vote_reference
 from vllm_pamer.model_config import model_fingerprint

@@ -1,4 +1,6 @@
-"""Shared pieces of the end-to-end tests."""
+"""A ``vllm-pamer serve`` of the default model with PaMER and every policy
+selectable (the end-to-end tests' and the scaling scenarios'), and an agent's
+chat request to it."""
 
 from __future__ import annotations
 

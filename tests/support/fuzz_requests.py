@@ -9,7 +9,8 @@ in about a second on a CPU) with a few mutations drawn from what hostile or
 careless clients send: bodies that are not JSON or nest deeply, messages of
 the wrong shape, broken tool protocols, lone surrogates, fields of the wrong
 type or range, odd session ids, policies and budgets, in the body or the
-headers. Valid requests ask for one or two tokens.
+headers. Valid requests ask for one or two tokens. ``FUZZ_SERVER_ARGS``: the
+server both fuzz it (PaMER, an API key, a 2,048-token window).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from vllm_pamer.trajectories import agent_requests, load_trajectories
 
 MAX_MESSAGES = 6
 TEXT_CHARS = 300
+KEY = "fuzz-key"
+FUZZ_SERVER_ARGS = ["--pamer-policy", "pamer", "--max-model-len", "2048", "--enforce-eager", "--api-key", KEY]
 
 
 def _cut(message: dict[str, Any]) -> dict[str, Any]:
