@@ -42,14 +42,14 @@ from pathlib import Path
 import httpx
 import psutil
 
-from benchmarks.policies import shared_or_shipped
+from benchmarks._repo import DATA
 from vllm_pamer.core.blocks import split_conversation
 from vllm_pamer.core.heads import constant_heads, save_heads
 from vllm_pamer.default_model import DEFAULT_MODEL_NAME, ensure_default_model, shipped_heads
 from vllm_pamer.model_config import model_fingerprint
 from vllm_pamer.replay.client import ReplaySettings, connect, plan_replay, replay_policy
 from vllm_pamer.server_process import ServerProcess
-from vllm_pamer.trajectories import agent_requests
+from vllm_pamer.trajectories import agent_requests, load_or_sample
 
 
 def serve(args: list[str], root: Path, name: str = "server.log") -> ServerProcess:
@@ -111,7 +111,9 @@ def rss_mib(pid: int) -> float:
 def load(args: argparse.Namespace) -> int:
     ensure_default_model(quiet=True)
     heads = shipped_heads()
-    trajectories = shared_or_shipped("tau_airline", "tau") + shared_or_shipped("mini_swe", "swe")
+    trajectories = load_or_sample(DATA / "tau_airline.jsonl.gz", "tau") + load_or_sample(
+        DATA / "mini_swe.jsonl.gz", "swe"
+    )
     random.Random(0).shuffle(trajectories)
     plans = plan_replay(trajectories[: args.sessions], args.max_steps)
     if len(plans) < args.sessions:
@@ -297,7 +299,7 @@ def last_event_id(path: Path) -> int:
 def crash(args: argparse.Namespace) -> int:
     model_dir = ensure_default_model(quiet=True)
     rng = random.Random(args.seed)
-    trajectories = [t for t in shared_or_shipped("tau_airline", "tau") if len(t["messages"]) >= 30]
+    trajectories = [t for t in load_or_sample(DATA / "tau_airline.jsonl.gz", "tau") if len(t["messages"]) >= 30]
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         heads = root / "always-compress.safetensors"

@@ -30,13 +30,16 @@ from pathlib import Path
 
 import msgspec
 
-from benchmarks.policies import policy_options, shared_or_shipped, start_server
+from benchmarks._repo import DATA
+from benchmarks._rounds import interleaved_rounds
 from vllm_pamer.default_model import ensure_default_model, shipped_heads
-from vllm_pamer.replay.ab import interleaved_rounds
 from vllm_pamer.replay.client import ReplaySettings, connect, plan_replay, replay_policy
+from vllm_pamer.replay.own_server import start_server
 from vllm_pamer.replay.records import PolicyRow
 from vllm_pamer.replay.report import fmt, summarize
-from vllm_pamer.replay.sittings import KV_TOKENS_RE
+from vllm_pamer.replay.runs import KV_TOKENS_RE
+from vllm_pamer.replay.variants import policy_options
+from vllm_pamer.trajectories import load_or_sample
 
 SIDES = ("a: default KV", "b: small KV")
 
@@ -88,8 +91,8 @@ def main() -> None:
     parser.add_argument(
         "--options",
         default="{}",
-        help='JSON, per policy: options over benchmarks.policies\' own; a new name needs "policy" '
-        '(e.g. {"pamer_s75": {"policy": "pamer", "kv_min_scale": 0.75}})',
+        help="JSON, per policy: options over the named variants' (vllm_pamer/replay/variants.py); a new name "
+        'needs "policy" (e.g. {"pamer_s75": {"policy": "pamer", "kv_min_scale": 0.75}})',
     )
     parser.add_argument("--rounds", type=int, default=2, help="runs of each side (default %(default)s)")
     parser.add_argument("--swe", type=int, default=2, help="first N mini-swe trajectories")
@@ -121,7 +124,7 @@ def main() -> None:
     options = policy_options(args.summary_tokens)
     for name, extra in json.loads(args.options).items():  # a variant: its options over a known policy's
         options[name] = {**options.get(name, {}), **extra}
-    plans = plan_replay(shared_or_shipped("mini_swe", "swe")[: args.swe], args.max_steps)
+    plans = plan_replay(load_or_sample(DATA / "mini_swe.jsonl.gz", "swe")[: args.swe], args.max_steps)
     requests = sum(len(p.steps) for p in plans)
     budgets = (None, args.small_kv_gib)
     kv_tokens: list[set[str]] = [set(), set()]  # as each server reported its budget

@@ -42,10 +42,10 @@ import psutil
 from tqdm import tqdm
 from transformers import AutoTokenizer
 
+from benchmarks._rounds import interleaved_rounds
 from vllm_pamer.core.render import render_tools_as_text, template_supports_tools
 from vllm_pamer.default_model import DEFAULT_MODEL_NAME, ensure_default_model, shipped_heads
 from vllm_pamer.demo import ensure_demo_heads
-from vllm_pamer.replay.ab import interleaved_rounds
 from vllm_pamer.server_process import ServerProcess
 from vllm_pamer.trajectories import agent_requests, load_trajectories
 

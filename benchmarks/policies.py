@@ -18,48 +18,32 @@ Trajectories are split into groups of ``--group-size`` and every policy runs
 on a group before the next group starts (prefix cache emptied before each
 run), so a run stopped at any point still compares all policies on the same
 trajectories. Each finished (group, policy) unit is saved in
-``OUT/units.jsonl.gz`` (``vllm_pamer/replay/sittings.py``); running the same
-command again resumes after the last saved unit (the settings must match;
-``OUT/settings.json``). ``--stop-after-min``
-starts no new unit after that many minutes, so a long run can be spread over
-several sittings. The report covers the groups every policy finished.
+``OUT/units.jsonl.gz``; running the same command again resumes after the
+last saved unit (the settings must match; ``OUT/settings.json``).
+``--stop-after-min`` starts no new unit after that many minutes, so a long run
+can be spread over several sittings. The report covers the groups every policy
+finished. The run is ``vllm-pamer replay --group-size`` (``vllm_pamer/replay/runs.py``)
+over this repository's data, with its settings and commits recorded.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
-import os
 import random
 import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks._repo import DATA, ROOT, git_commit
 from vllm_pamer.default_model import ensure_default_model, shipped_heads
 from vllm_pamer.replay.client import ReplaySettings, TrajectoryPlan, plan_replay
-from vllm_pamer.replay.sittings import (
-    SettingsMismatch,
-    UnitStore,
-    check_settings,
-    git_commit,
-    kv_budget,
-    make_groups,
-    note_kv_budget,
-    note_rerun,
-    reruns,
-    run_command,
-    run_units,
-    write_finished_report,
-)
-from vllm_pamer.server_process import ServerProcess
+from vllm_pamer.replay.own_server import start_server
+from vllm_pamer.replay.run_report import write_finished_report
+from vllm_pamer.replay.runs import GroupedRun, make_groups, run_command, sit
+from vllm_pamer.replay.variants import policy_options
 from vllm_pamer.trajectories import load_trajectories
 
-ROOT = Path(__file__).resolve().parent.parent
-DATA = ROOT.parent / "shared" / "data" / "trajectories"
 POLICIES = "none,recent_k,pamer,pamer_tight,pamer_paper,sam"
-TIGHT_BUDGET = 4096
-"""The tight operating point's context budget: half the embedded model's window."""
 RUN_OPTIONS = (
     "tau",
     "swe",
@@ -77,47 +61,6 @@ RUN_OPTIONS = (
     "kv_cache_gib",
 )
 """What a resumed run must repeat (settings.json)."""
-
-
-def shared_or_shipped(name: str, kind: str) -> list[dict]:
-    """The ``../shared`` trajectories ``name`` where they exist, else the
-    shipped sample of that ``kind``."""
-    path = DATA / f"{name}.jsonl.gz"
-    return load_trajectories(path if path.exists() else None, kind=kind)
-
-
-def policy_options(summary_tokens: int) -> dict[str, dict]:
-    n = summary_tokens
-    paper = {"policy": "pamer", "schedule": "paper", "summary_max_tokens": n, "summary_layout": "text"}
-    return {
-        "pamer": {"summary_max_tokens": n},  # the budget schedule at its defaults
-        # the budget schedule with the paper's summary request (the old steps as one text)
-        "pamer_text": {"policy": "pamer", "summary_max_tokens": n, "summary_layout": "text"},
-        # the tight operating point: a context budget of half the window
-        "pamer_tight": {"policy": "pamer", "summary_max_tokens": n, "context_budget": TIGHT_BUDGET},
-        # the budget schedule as before 8ee507b under KV pressure: the vote compacts inside the
-        # shrunk band and the summary resends the conversation
-        "pamer_kv_vote": {
-            "policy": "pamer",
-            "summary_max_tokens": n,
-            "vote_under_kv_pressure": True,
-            "kv_pressure_summary_layout": "conversation",
-        },
-        # the budget held to each session's share of the KV cache (kv_share), so that the sessions'
-        # contexts stay in the prefix cache together under a KV budget that binds
-        "pamer_kv_share": {"policy": "pamer", "summary_max_tokens": n, "kv_share": 0.8},
-        # and no engine request at a compaction under KV pressure: the memory is the record alone
-        "pamer_kv_record": {"policy": "pamer", "summary_max_tokens": n, "kv_share": 0.8, "kv_pressure_summary": False},
-        "pamer_paper": paper,  # the paper's schedule (Algorithm 1), what `pamer` was before the budget schedule
-        "pamer_plus": {"summary_max_tokens": n, "recall_max_tokens": n},
-        "periodic_summary": {"summary_max_tokens": n},
-        "rolling_summary": {"summary_max_tokens": n},
-        "sam": {"cue_max_tokens": n, "recall_max_tokens": n},
-        # variants of the paper schedule measured in earlier runs
-        "pamer_unstable": {**paper, "stable_recall": False},
-        "pamer_conversation": {**paper, "summary_layout": "conversation"},
-        "pamer_text_query": {**paper, "query_source": "text"},
-    }
 
 
 def load_plans(args: argparse.Namespace) -> tuple[list[TrajectoryPlan], list[TrajectoryPlan]]:
@@ -138,60 +81,18 @@ def load_plans(args: argparse.Namespace) -> tuple[list[TrajectoryPlan], list[Tra
     return chosen[0], chosen[1]
 
 
-def start_server(
-    heads: str,
-    options: dict,
-    serve_args: str,
-    kv_cache_gib: float | None,
-    log: Path,
-    kv_cache_blocks: int | None = None,
-) -> ServerProcess:
-    """The benchmark's ``vllm-pamer serve`` (not waited for): every policy
-    selectable per request, a fresh memory store beside ``log``; the KV cache
-    as vLLM sizes it, or ``kv_cache_gib``, or ``kv_cache_blocks`` blocks."""
-    serve = [
-        "--pamer-policy",
-        "none",
-        "--pamer-heads",
-        str(heads),
-        "--pamer-options-by-policy",
-        json.dumps(options),
-        "--pamer-allowed-policies",
-        "*",
-        *serve_args.split(),
-    ]
-    if kv_cache_gib is not None:
-        serve += ["--kv-cache-memory-bytes", str(int(kv_cache_gib * 2**30))]
-    if kv_cache_blocks is not None:  # the same tokens on any machine (bytes per token differ by dtype)
-        serve += ["--num-gpu-blocks-override", str(kv_cache_blocks)]
-    # dev mode serves POST /reset_prefix_cache: each run starts from an empty
-    # prefix cache, so "prefill computed" compares across policies
-    env = {"PAMER_STORE": str(log.parent / "memory.sqlite3"), "VLLM_SERVER_DEV_MODE": "1"}
-    # vLLM's CPU engine keeps a core for its scheduler unless told not to:
-    # on 2 cores, letting it use both runs this replay faster
-    if "VLLM_CPU_NUM_OF_RESERVED_CPU" not in os.environ:
-        env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
-    return ServerProcess(serve, None, log, env=env)
-
-
-def report(out: Path, groups, policies: list[str], commits: list[str], args: argparse.Namespace) -> None:
+def report(run: GroupedRun, commits: list[str], args: argparse.Namespace) -> None:
     """The report over the groups every policy finished."""
-
-    def preface(finished: int, kinds: dict[str, int]) -> str:
-        return (
-            f"{finished} of {len(groups)} groups finished by all {len(policies)} policies: "
-            f"{kinds['tau']} tau-bench and {kinds['swe']} mini-swe trajectories (at most "
-            f"{args.max_steps or 'all'} / {args.swe_max_steps or args.max_steps or 'all'} requests each), "
-            f"{args.concurrency} sessions at a time, {args.max_tokens} tokens generated per request, "
-            f"summaries / cues / recalls <= {args.summary_tokens} tokens, KV cache of {kv_budget(out)} tokens. "
-            f"Code: {', '.join(commits)}.{reruns(out)} "
-            f"Command: `{run_command('benchmarks.policies', sys.argv[1:], ROOT)}`\n"
-        )
-
+    workload = (
+        f"(at most {args.max_steps or 'all'} / {args.swe_max_steps or args.max_steps or 'all'} requests each), "
+        f"{args.concurrency} sessions at a time, {args.max_tokens} tokens generated per request, "
+        f"summaries / cues / recalls <= {args.summary_tokens} tokens"
+    )
+    command = run_command(".venv/bin/python -m benchmarks.policies", sys.argv[1:], ROOT)
     # the replayed trajectories, for the over-recency column (absent data: the column stays empty)
     paths = [DATA / f"{name}.jsonl.gz" for name in ("tau_airline", "mini_swe")]
     trajectories = [t for path in paths if path.exists() for t in load_trajectories(path)]
-    write_finished_report(out, groups, policies, preface, trajectories, against=args.against)
+    write_finished_report(run, commits, workload, command, trajectories, against=args.against)
 
 
 def main() -> None:
@@ -260,36 +161,18 @@ def main() -> None:
         sys.exit("no heads: ship trained heads (vllm-pamer train) or pass --heads")
     policies = [p for p in args.policies.split(",") if p]
     options = policy_options(args.summary_tokens)
-    out = Path(args.out)
     groups = make_groups(*load_plans(args), args.group_size, args.swe_group_size or args.group_size)
     fixed = {k: getattr(args, k) for k in RUN_OPTIONS}
-    run_settings = {**fixed, "heads": Path(heads).name}
-    try:
-        commits = check_settings(out, run_settings, git_commit(ROOT), running=False)
-    except SettingsMismatch as exc:
-        sys.exit(str(exc))
-    if not args.report_only:
+    run = GroupedRun(Path(args.out), groups, policies, {**fixed, "heads": Path(heads).name}, git_commit(ROOT))
+
+    def own_server():
         log = Path(tempfile.mkdtemp(prefix="policies-")) / "server.log"
-        server = start_server(heads, options, args.serve_args, args.kv_cache_gib, log, args.kv_cache_blocks)
-        try:
-            server.wait_ready(timeout=900)
-            note_kv_budget(out, Path(log).read_text(errors="replace"))  # refuses another budget than the run's
-            commits = check_settings(out, run_settings, git_commit(ROOT))  # this sitting's code joins the run
-            store = UnitStore(out)
-            if args.rerun:
-                again = [p for p in args.rerun.split(",") if p]
-                dropped = store.drop(again)
-                note_rerun(out, again, git_commit(ROOT), dropped)
-                print(f"dropped {dropped} saved units of {', '.join(again)}: they run again")
-            settings = ReplaySettings(
-                url=server.base_url, max_tokens=args.max_tokens, concurrency=args.concurrency, reset_prefix_cache=True
-            )
-            stop = args.stop_after_min * 60 if args.stop_after_min is not None else None
-            ran = asyncio.run(run_units(settings, groups, policies, store, stop))
-        finally:
-            server.stop()
-        print(f"{ran} (group, policy) runs this time; server log {log}")
-    report(out, groups, policies, commits, args)
+        return start_server(heads, options, args.serve_args, args.kv_cache_gib, log, args.kv_cache_blocks)
+
+    replay = ReplaySettings(max_tokens=args.max_tokens, concurrency=args.concurrency, reset_prefix_cache=True)
+    rerun = [p for p in args.rerun.split(",") if p]
+    commits = sit(run, replay, own_server, args.stop_after_min, rerun, args.report_only)
+    report(run, commits, args)
 
 
 if __name__ == "__main__":

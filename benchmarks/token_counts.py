@@ -18,11 +18,11 @@ import time
 
 from transformers import AutoTokenizer
 
-from benchmarks.policies import shared_or_shipped
+from benchmarks._repo import DATA
 from vllm_pamer.core.render import render_tools_as_text, template_supports_tools
 from vllm_pamer.core.tokens import TokenCounter
 from vllm_pamer.default_model import ensure_default_model
-from vllm_pamer.trajectories import agent_requests
+from vllm_pamer.trajectories import agent_requests, load_or_sample
 
 
 def main() -> None:
@@ -39,7 +39,7 @@ def main() -> None:
         "| requests | count | prompt tokens, median / max | ms, median | ms, p90 | ms, max |\n|---|---|---|---|---|---|"
     )
     for kind, name in (("tau", "tau_airline"), ("swe", "mini_swe")):
-        trajectories = shared_or_shipped(name, kind)[: args.trajectories]
+        trajectories = load_or_sample(DATA / f"{name}.jsonl.gz", kind)[: args.trajectories]
         seconds, tokens = [], []
         for trajectory in trajectories:
             for _, history in list(agent_requests(trajectory["messages"]))[: args.steps]:

@@ -27,6 +27,11 @@ def load_trajectories(path: str | Path | None = None, kind: str = "tau") -> list
     return [json.loads(line) for line in raw.decode().splitlines() if line.strip()]
 
 
+def load_or_sample(path: str | Path, kind: str) -> list[dict[str, Any]]:
+    """The trajectories at ``path`` where that file exists, else the shipped sample of ``kind``."""
+    return load_trajectories(path if Path(path).exists() else None, kind=kind)
+
+
 def trajectory_key(trajectory: Mapping[str, Any]) -> str:
     """A key unique to this trajectory: its id and a digest of its messages
     (real traces repeat ids: several runs of one task share one)."""

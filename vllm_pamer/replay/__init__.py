@@ -4,10 +4,12 @@ vllm-pamer server, one policy at a time, with what each policy cost and kept.
 * ``evidence``: which values the next action needs and whether a rewritten
   context still holds them (pure); the offline recent_k frontier;
 * ``client``: the async replay (sessions, echo, /metrics deltas, KV peak);
-* ``records``: the per-request and per-run records;
+* ``records``: the per-request, per-run and per-policy records;
 * ``prometheus``: reading /metrics;
 * ``report``: the per-policy table and JSON; ``plots``: its plots;
-* ``sittings``: a benchmark spread over sittings (groups, resumable units);
-* ``ab``: interleaved A/B rounds on fresh servers;
+* ``runs``: a resumable run over sittings (groups, saved units, the settings
+  a resume repeats); ``run_report``: its report over the finished groups;
+* ``variants``: named policy variants served side by side;
+* ``own_server``: the server a replay starts for itself;
 * ``cli``: ``vllm-pamer replay``.
 """

@@ -1,22 +1,53 @@
-"""``vllm-pamer replay``: replay recorded trajectories against a running server,
-one policy after another, and report what each policy cost and kept.
+"""``vllm-pamer replay``: replay recorded trajectories against a server, one
+policy after another, and report what each policy cost and kept.
 
     vllm-pamer replay --url http://127.0.0.1:8000 --data PATH [--data PATH] \\
         --policies none,recent_k --limit-trajectories N --max-steps N \\
         --concurrency N --max-tokens 64 --out DIR
+    vllm-pamer replay --serve --reset-prefix-cache --group-size 4 \\
+        --policies none,recent_k,pamer,pamer_tight --out DIR [--stop-after-min MIN]
     vllm-pamer replay --frontier [--frontier-k 2,10,20] --data PATH   (offline, no server)
 
 The server must let requests choose the replayed policies (``vllm-pamer serve
 --pamer-allowed-policies '*'``, or the ones named); a refused one is recorded
-as an error with the server's message.
+as an error with the server's message. ``--serve`` starts such a server of the
+embedded model for the replay alone, serving the named variants of
+``vllm_pamer/replay/variants.py`` (``pamer_tight``, ``pamer_paper``, ...).
+
+``--group-size N`` makes the run resumable (``vllm_pamer/replay/runs.py``):
+the trajectories in groups of N per kind, every policy on a group before the
+next group, each finished (group, policy) saved in ``OUT/units.jsonl.gz``.
+The same command again resumes after the last saved unit (``OUT/settings.json``
+refuses other settings); the report covers the groups every policy finished.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
-from typing import Any
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vllm_pamer.server_process import ServerProcess
+
+RUN_OPTIONS = (
+    "data",
+    "limit_trajectories",
+    "max_steps",
+    "group_size",
+    "concurrency",
+    "max_tokens",
+    "policies",
+    "reset_prefix_cache",
+    "serve",
+)
+"""What a resumed run (``--group-size``) must repeat; with ``--serve`` also ``SERVE_OPTIONS`` and the heads."""
+SERVE_OPTIONS = ("summary_tokens", "serve_args", "kv_cache_gib")
+RESUMABLE_ONLY = ("stop_after_min", "rerun", "report_only", "against")
+SERVE_ONLY = ("heads", "kv_cache_gib", "kv_cache_blocks")
 
 
 def _load(paths: Sequence[str] | None, limit: int | None) -> list[dict[str, Any]]:
@@ -34,7 +65,7 @@ def _csv(text: str) -> list[str]:
     return [item.strip() for item in text.split(",") if item.strip()]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vllm-pamer replay", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -66,10 +97,63 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--reset-prefix-cache",
         action="store_true",
         help="empty the server's prefix cache before each policy (server started with "
-        "VLLM_SERVER_DEV_MODE=1), so prefill figures compare across policies",
+        "VLLM_SERVER_DEV_MODE=1, as --serve starts it), so prefill figures compare across policies",
     )
     parser.add_argument("--no-progress", action="store_true")
-    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+
+    own = parser.add_argument_group("its own server (--serve)")
+    own.add_argument(
+        "--serve",
+        action="store_true",
+        help="start a vllm-pamer serve of the embedded model for this replay (instead of --url), stopped at the end",
+    )
+    own.add_argument("--heads", default=None, metavar="PATH", help="heads file (default: the shipped trained heads)")
+    own.add_argument(
+        "--serve-args",
+        default="--enforce-eager --enable-prompt-tokens-details",
+        help="vLLM flags of that server (default %(default)r)",
+    )
+    own.add_argument(
+        "--summary-tokens", type=int, default=96, metavar="N", help="summary / cue / recall length (default 96)"
+    )
+    own.add_argument("--kv-cache-gib", type=float, default=None, help="its KV cache in GiB (--kv-cache-memory-bytes)")
+    own.add_argument(
+        "--kv-cache-blocks", type=int, default=None, help="its KV cache in blocks (--num-gpu-blocks-override)"
+    )
+
+    runs = parser.add_argument_group("a resumable run (--group-size)")
+    runs.add_argument(
+        "--group-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="trajectories per group: every policy runs on a group before the next, each (group, policy) is saved, "
+        "the same command resumes",
+    )
+    runs.add_argument(
+        "--stop-after-min", type=float, default=None, metavar="MIN", help="start no new (group, policy) after MIN"
+    )
+    runs.add_argument(
+        "--rerun", default="", metavar="POLICIES", help="drop these policies' saved units and run them again"
+    )
+    runs.add_argument("--report-only", action="store_true", help="write the report from the saved units and exit")
+    runs.add_argument(
+        "--against",
+        default=None,
+        metavar="DIR",
+        help="another run's --out: the report adds steps / min here and there on the groups both finished",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
+    if args.group_size is None and any(getattr(args, name) for name in RESUMABLE_ONLY):
+        parser.error("--stop-after-min, --rerun, --report-only and --against need --group-size")
+    if not args.serve and any(getattr(args, name) is not None for name in SERVE_ONLY):
+        parser.error("--heads, --kv-cache-gib and --kv-cache-blocks need --serve")
 
     from tqdm import tqdm
 
@@ -87,8 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not policies:
         parser.error("--policies is empty")
 
-    from vllm_pamer.replay.client import ReplaySettings, plan_replay, run_replay
-    from vllm_pamer.replay.report import markdown_table, write_report
+    from vllm_pamer.replay.client import ReplaySettings, plan_replay
 
     settings = ReplaySettings(
         url=args.url,
@@ -100,19 +183,87 @@ def main(argv: Sequence[str] | None = None) -> int:
         reset_prefix_cache=args.reset_prefix_cache,
     )
     plans = plan_replay(tqdm(trajectories, desc="evidence", unit="traj", disable=args.no_progress), args.max_steps)
-    print(
-        f"replaying {len(plans)} trajectories ({sum(len(p.steps) for p in plans)} requests each run) "
-        f"with {', '.join(policies)} against {args.url}"
-    )
+    if args.group_size is not None:
+        return _resumable(args, argv, settings, plans, policies, trajectories)
+    return _once(args, settings, plans, policies, trajectories)
+
+
+def _own_server(args: argparse.Namespace) -> tuple[Callable[[], ServerProcess], str] | None:
+    """``--serve``: a function that starts its server (not waited for), and
+    the heads file's name; None without ``--serve``."""
+    if not args.serve:
+        return None
+    from vllm_pamer.default_model import ensure_default_model, shipped_heads
+    from vllm_pamer.replay.own_server import start_server
+    from vllm_pamer.replay.variants import policy_options
+
+    ensure_default_model(quiet=True)
+    heads = args.heads or shipped_heads()
+    if heads is None:
+        sys.exit("vllm-pamer replay: no heads ship with this install: pass --heads")
+    options = policy_options(args.summary_tokens)
+
+    def start():
+        log = Path(tempfile.mkdtemp(prefix="replay-")) / "server.log"
+        return start_server(heads, options, args.serve_args, args.kv_cache_gib, log, args.kv_cache_blocks)
+
+    return start, Path(heads).name
+
+
+def _once(args, settings, plans, policies, trajectories) -> int:
+    """Every policy over every trajectory, one after another."""
+    import dataclasses
+
     import httpx
 
+    from vllm_pamer.replay.client import run_replay
+    from vllm_pamer.replay.report import markdown_table, write_report
+
+    own = _own_server(args)
+    server = own[0]() if own is not None else None
+    url = "its own server" if server is not None else args.url
+    print(
+        f"replaying {len(plans)} trajectories ({sum(len(p.steps) for p in plans)} requests each run) "
+        f"with {', '.join(policies)} against {url}"
+    )
     try:
+        if server is not None:
+            server.wait_ready(timeout=900)
+            settings = dataclasses.replace(settings, url=server.base_url)
         records, runs = run_replay(settings, policies, plans)
     except httpx.HTTPError as exc:  # no server there (request errors are recorded, not raised)
-        sys.exit(f"vllm-pamer replay: cannot reach {args.url}: {exc}")
+        sys.exit(f"vllm-pamer replay: cannot reach {settings.url}: {exc}")
+    finally:
+        if server is not None:
+            server.stop()
     rows = write_report(args.out, records, runs, trajectories=trajectories)
     print(markdown_table(rows))
     print(f"records, summary and plot in {args.out}")
+    return 0
+
+
+def _resumable(args, argv, settings, plans, policies, trajectories) -> int:
+    """The run in groups (``replay/runs.py``): this sitting's units, then the report."""
+    from vllm_pamer import __version__
+    from vllm_pamer.replay.run_report import write_finished_report
+    from vllm_pamer.replay.runs import GroupedRun, make_groups, run_command, sit
+
+    own = _own_server(args)
+    fixed = {name: getattr(args, name) for name in RUN_OPTIONS}
+    if own is not None:
+        fixed |= {name: getattr(args, name) for name in SERVE_OPTIONS} | {"heads": own[1]}
+    tau, swe = ([p for p in plans if p.kind == kind] for kind in ("tau", "swe"))
+    groups = make_groups(tau, swe, args.group_size, args.group_size)
+    run = GroupedRun(Path(args.out), groups, policies, fixed, f"vllm-pamer {__version__}")
+    start = own[0] if own is not None else None
+    commits = sit(run, settings, start, args.stop_after_min, _csv(args.rerun), args.report_only)
+    workload = (
+        f"(at most {args.max_steps or 'all'} requests each), {args.concurrency} sessions at a time, "
+        f"{args.max_tokens} tokens generated per request"
+        + (f", summaries / cues / recalls <= {args.summary_tokens} tokens" if own is not None else "")
+    )
+    command = run_command("vllm-pamer replay", argv, Path.cwd())
+    write_finished_report(run, commits, workload, command, trajectories, against=args.against)
     return 0
 
 

@@ -1,36 +1,56 @@
-"""A long replay benchmark spread over sittings: trajectories in named groups,
-every policy run on a group before the next group starts, each finished
-(group, policy) *unit* saved at once, so a run stopped anywhere resumes after
-its last unit and still compares every policy on the same trajectories.
+"""A resumable replay run over sittings: trajectories in named groups, every
+policy run on a group before the next group starts, each finished (group,
+policy) *unit* saved at once, so a run stopped anywhere resumes after its last
+unit and still compares every policy on the same trajectories. What
+``vllm-pamer replay --group-size`` runs (``replay/cli.py``), and
+``benchmarks/policies.py`` over this repository's data.
 
 All units of a run live in one file, ``OUT/units.jsonl.gz``: one gzip member
 per unit, appended. A member torn by a killed sitting is cut off when the file
-is next opened. ``OUT/settings.json`` holds what a resume must repeat.
+is next opened. ``OUT/settings.json`` holds what a resume must repeat, the
+code each sitting ran and the KV budget its server reported. The report
+(``OUT/report.md``) covers the groups every policy finished.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import gzip
 import json
 import os
 import re
-import subprocess
 import time
 import zlib
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from vllm_pamer.replay.client import ReplaySettings, TrajectoryPlan, connect, replay_policy
-from vllm_pamer.replay.records import PolicyRow, RunSummary, StepRecord
-from vllm_pamer.replay.report import KIND_TITLES, fmt, markdown_table, summarize, write_report
+from vllm_pamer.replay.records import RunSummary, StepRecord
+from vllm_pamer.server_process import ServerProcess
 
 UNITS_FILE = "units.jsonl.gz"
 SITTING_FLAGS = ("--stop-after-min", "--rerun")
 """Flags with a value that concern one sitting, not the run."""
 KV_TOKENS_RE = re.compile(r"KV cache size: ([\d,]+) tokens")
+
+
+@dataclass(frozen=True)
+class GroupedRun:
+    """One resumable run: where it lives, what it replays, what a resume must repeat."""
+
+    out: Path
+    groups: list[tuple[str, list[TrajectoryPlan]]]
+    """Named groups of plans (``make_groups``), run in this order."""
+    policies: list[str]
+    settings: dict[str, Any]
+    """What a resume must repeat (``settings.json``)."""
+    code: str
+    """The code of this sitting: a commit, or ``vllm-pamer X.Y.Z``."""
 
 
 class Unit(msgspec.Struct):
@@ -60,18 +80,10 @@ def make_groups(
     return groups + swe_groups
 
 
-def git_commit(root: Path) -> str:
-    try:
-        return subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def check_settings(out: Path, settings: dict, commit: str, running: bool = True) -> list[str]:
     """Write ``settings.json`` on a first run; on a resume, refuse other settings.
-    Returns the commits that ran so far (``commit`` appended when ``running``)."""
+    Returns the code that ran so far (``commit`` appended when ``running``):
+    commits of this repository, or ``vllm-pamer X.Y.Z`` for a user's run."""
     path = out / "settings.json"
     if path.exists():
         saved = json.loads(path.read_text())
@@ -237,9 +249,10 @@ async def run_units(
     return ran
 
 
-def run_command(script: str, argv: list[str], root: Path) -> str:
-    """The command that (re)produces the run: without the sitting's own flags
-    (``--stop-after-min``, ``--rerun``, ``--report-only``), paths relative to ``root``."""
+def run_command(program: str, argv: list[str], root: Path) -> str:
+    """The command that (re)produces the run: ``program`` and ``argv`` without
+    the sitting's own flags (``--stop-after-min``, ``--rerun``,
+    ``--report-only``), paths relative to ``root``."""
     words, skip = [], False
     for word in argv:
         if skip:
@@ -254,89 +267,41 @@ def run_command(script: str, argv: list[str], root: Path) -> str:
         if path.is_absolute() and path.is_relative_to(root):
             word = str(path.relative_to(root))
         words.append(word)
-    return " ".join([".venv/bin/python", "-m", script, *words])
+    return " ".join([program, *words])
 
 
-def rows_by_policy(store: UnitStore, groups: list[str], policies: list[str]) -> dict[str, PolicyRow]:
-    """The report rows of the saved units of these groups and policies, by policy."""
-    units = store.load(groups, policies)
-    return {row.policy: row for row in summarize([r for u in units for r in u.records], [u.run for u in units])}
-
-
-def against_section(
-    here: UnitStore, there: UnitStore, other: str, groups: list[tuple[str, list]], policies: list[str]
-) -> str:
-    """This run's serving figures next to another run's (say the same groups
-    with more KV memory), per kind, on the groups both finished for every
-    policy: steps / min and their ratio, peak KV use, prefill computed. The two
-    runs ran one after the other, not interleaved: quote them as such."""
-    parts = [f"\n## Against `{other}`\n\nThe same groups and policies in both runs; ratio = this run / that run.\n"]
-    for kind in ("swe", "tau"):
-        names = [g for g, _ in groups if g.startswith(kind)]
-        shared = [g for g in here.complete(names, policies) if g in there.complete(names, policies)]
-        if not shared:
-            continue
-        mine, theirs = rows_by_policy(here, shared, policies), rows_by_policy(there, shared, policies)
-        trajectories = mine[policies[0]].trajectories
-        parts += [
-            f"\n### {KIND_TITLES.get(kind, kind)} ({len(shared)} groups, {trajectories} trajectories)\n",
-            "| policy | mean peak context | peak KV | peak KV there | steps / min | steps / min there | ratio "
-            "| prefill computed | prefill computed there | preemptions |",
-            "|" + "---|" * 10,
-        ]
-        for policy in policies:
-            a, b = mine[policy], theirs[policy]
-            ratio = a.steps_per_min / b.steps_per_min if a.steps_per_min and b.steps_per_min else None
-            cells = [
-                policy,
-                fmt(a.mean_peak_context),
-                fmt(a.peak_kv_usage, "pct"),
-                fmt(b.peak_kv_usage, "pct"),
-                fmt(a.steps_per_min, "rate"),
-                fmt(b.steps_per_min, "rate"),
-                fmt(ratio, "rate"),
-                fmt(a.prefill_computed),
-                fmt(b.prefill_computed),
-                fmt(a.preemptions),
-            ]
-            parts.append("| " + " | ".join(cells) + " |")
-    return "\n".join(parts) + "\n" if len(parts) > 1 else ""
-
-
-def write_finished_report(
-    out: Path,
-    groups: list[tuple[str, list[TrajectoryPlan]]],
-    policies: list[str],
-    preface: Callable[[int, dict[str, int]], str],
-    trajectories: list[dict[str, Any]],
-    against: str | None = None,
-) -> list[PolicyRow] | None:
-    """``OUT/report.md`` (and the report's other files) over the groups every
-    policy finished; ``preface(finished groups, trajectories by kind)`` heads
-    it. ``against``: another run's folder to compare serving figures with.
-    Returns the rows (None: no group finished yet)."""
-    store = UnitStore(out)
-    complete = [(g, plans) for g, plans in groups if store.complete([g], policies)]
-    if not complete:
-        print("no group finished by every policy yet: no report")
-        return None
-    units = store.load([g for g, _ in complete], policies)
-    kinds = {k: sum(len(plans) for g, plans in complete if g.startswith(k)) for k in ("tau", "swe")}
-    text = preface(len(complete), kinds)
-    rows = write_report(
-        out,
-        [r for u in units for r in u.records],
-        [u.run for u in units],
-        records_name=None,
-        title="Policies side by side",
-        preface=text,
-        trajectories=trajectories,
-    )
-    print(markdown_table(rows))
-    print(text)
-    if against:
-        section = against_section(store, UnitStore(Path(against)), against, groups, policies)
-        with (out / "report.md").open("a") as report_md:
-            report_md.write(section or f"\nNo group finished by every policy in both this run and {against}.\n")
-        print(section)
-    return rows
+def sit(
+    run: GroupedRun,
+    replay: ReplaySettings,
+    start_server: Callable[[], ServerProcess] | None = None,
+    stop_after_min: float | None = None,
+    rerun: Sequence[str] = (),
+    report_only: bool = False,
+) -> list[str]:
+    """One sitting of ``run``: refuse a resume with other settings; unless
+    ``report_only``, start the run's own server (``start_server``, not waited
+    for; None: ``replay.url`` serves) and note its KV budget, drop the saved
+    units of the ``rerun`` policies, and run the units not saved yet, starting
+    none after ``stop_after_min``. Returns the code that ran so far."""
+    commits = check_settings(run.out, run.settings, run.code, running=False)
+    if report_only:
+        return commits
+    server = start_server() if start_server is not None else None
+    try:
+        if server is not None:
+            server.wait_ready(timeout=900)
+            note_kv_budget(run.out, server.log_path.read_text(errors="replace"))  # refuses another budget
+            replay = dataclasses.replace(replay, url=server.base_url)
+        commits = check_settings(run.out, run.settings, run.code)  # this sitting's code joins the run
+        store = UnitStore(run.out)
+        if rerun:
+            dropped = store.drop(rerun)
+            note_rerun(run.out, rerun, run.code, dropped)
+            print(f"dropped {dropped} saved units of {', '.join(rerun)}: they run again")
+        stop = stop_after_min * 60 if stop_after_min is not None else None
+        ran = asyncio.run(run_units(replay, run.groups, run.policies, store, stop))
+    finally:
+        if server is not None:
+            server.stop()
+    print(f"{ran} (group, policy) runs this time" + (f"; server log {server.log_path}" if server else ""))
+    return commits

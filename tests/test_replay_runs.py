@@ -1,6 +1,6 @@
-"""The bookkeeping of a benchmark spread over sittings (groups, resumable
-units in one file, the settings check, the report over finished groups) and
-the interleaved A/B rounds; no server."""
+"""A resumable replay run over sittings (``replay/runs.py``: groups, units in
+one file, the settings check, a sitting's steps) and its report over finished
+groups (``replay/run_report.py``); no server."""
 
 from __future__ import annotations
 
@@ -8,11 +8,10 @@ import json
 
 import pytest
 
-from vllm_pamer.replay import sittings
-from vllm_pamer.replay.ab import abba, interleaved_rounds
-from vllm_pamer.replay.client import TrajectoryPlan
+from vllm_pamer.replay import run_report, runs
+from vllm_pamer.replay.client import ReplaySettings, TrajectoryPlan
 from vllm_pamer.replay.records import RunSummary, StepRecord
-from vllm_pamer.replay.sittings import Unit, UnitStore
+from vllm_pamer.replay.runs import GroupedRun, Unit, UnitStore
 
 
 def plans(kind: str, n: int) -> list[TrajectoryPlan]:
@@ -20,7 +19,7 @@ def plans(kind: str, n: int) -> list[TrajectoryPlan]:
 
 
 def test_groups_interleave_kinds_so_any_prefix_holds_both():
-    groups = sittings.make_groups(plans("tau", 9), plans("swe", 3), 4, 2)
+    groups = runs.make_groups(plans("tau", 9), plans("swe", 3), 4, 2)
     assert [name for name, _ in groups] == ["swe-000", "tau-000", "swe-001", "tau-001", "tau-002"]
     assert [[p.trajectory_id for p in group] for _, group in groups] == [
         ["swe0", "swe1"],
@@ -29,13 +28,13 @@ def test_groups_interleave_kinds_so_any_prefix_holds_both():
         ["tau4", "tau5", "tau6", "tau7"],
         ["tau8"],
     ]
-    assert [name for name, _ in sittings.make_groups([], plans("swe", 3), 4, 2)] == ["swe-000", "swe-001"]
+    assert [name for name, _ in runs.make_groups([], plans("swe", 3), 4, 2)] == ["swe-000", "swe-001"]
 
 
 def test_run_command_drops_the_sittings_flags(tmp_path):
     out = str(tmp_path / "benchmarks" / "results" / "x")
-    command = sittings.run_command(
-        "benchmarks.policies",
+    command = runs.run_command(
+        ".venv/bin/python -m benchmarks.policies",
         ["--tau", "0", "--stop-after-min", "90", "--rerun", "pamer", "--report-only", "--out", out],
         tmp_path,
     )
@@ -44,25 +43,23 @@ def test_run_command_drops_the_sittings_flags(tmp_path):
 
 def test_settings_are_kept_and_a_resume_with_others_is_refused(tmp_path):
     settings = {"tau": 0, "swe_group_size": None, "policies": "none,pamer"}
-    commits = sittings.check_settings(tmp_path, settings, "abc1234")
+    commits = runs.check_settings(tmp_path, settings, "abc1234")
     assert commits == ["abc1234"]
     assert json.loads((tmp_path / "settings.json").read_text())["commits"] == commits
-    assert sittings.check_settings(tmp_path, settings, "abc1234") == commits  # same commit listed once
+    assert runs.check_settings(tmp_path, settings, "abc1234") == commits  # same commit listed once
     with pytest.raises(SystemExit, match="swe_group_size"):
-        sittings.check_settings(tmp_path, {**settings, "swe_group_size": 2}, "abc1234")
+        runs.check_settings(tmp_path, {**settings, "swe_group_size": 2}, "abc1234")
     log = "(EngineCore) INFO [kv_cache_utils.py:2327] CPU KV cache size: 169,216 tokens, Maximum concurrency ..."
-    assert sittings.note_kv_budget(tmp_path, log) == 169_216 and sittings.kv_budget(tmp_path) == "169,216"
-    assert sittings.check_settings(tmp_path, settings, "abc1234") == commits  # the reported budget is not an option
-    assert sittings.kv_budget(tmp_path) == "169,216"  # and a resume keeps it
-    assert sittings.note_kv_budget(tmp_path, log) == 169_216  # a sitting with the same budget goes on
+    assert runs.note_kv_budget(tmp_path, log) == 169_216 and runs.kv_budget(tmp_path) == "169,216"
+    assert runs.check_settings(tmp_path, settings, "abc1234") == commits  # the reported budget is not an option
+    assert runs.kv_budget(tmp_path) == "169,216"  # and a resume keeps it
+    assert runs.note_kv_budget(tmp_path, log) == 169_216  # a sitting with the same budget goes on
     with pytest.raises(SystemExit, match=r"25,216 tokens.*169,216"):  # one with another is refused
-        sittings.note_kv_budget(tmp_path, log.replace("169,216", "25,216"))
-    assert sittings.kv_budget(tmp_path) == "169,216"
+        runs.note_kv_budget(tmp_path, log.replace("169,216", "25,216"))
+    assert runs.kv_budget(tmp_path) == "169,216"
     with pytest.raises(SystemExit, match="extra"):
-        sittings.check_settings(tmp_path, {**settings, "extra": 3}, "abc1234")  # a new option set differently
-    assert (
-        sittings.check_settings(tmp_path, {**settings, "extra": None}, "abc1234") == commits
-    )  # a new option left unset
+        runs.check_settings(tmp_path, {**settings, "extra": 3}, "abc1234")  # a new option set differently
+    assert runs.check_settings(tmp_path, {**settings, "extra": None}, "abc1234") == commits  # a new option left unset
 
 
 def unit(policy: str, group: str, trajectory: str, kind: str, elapsed_s: float = 6.0) -> Unit:
@@ -107,14 +104,11 @@ def test_units_round_trip_and_the_report_covers_finished_groups_only(tmp_path, c
             store.add(unit(name, group, trajectory, kind))
     assert [p.name for p in tmp_path.iterdir()] == ["units.jsonl.gz"]
 
-    def preface(finished, kinds):
-        return (
-            f"{finished} of {len(groups)} groups: {kinds['tau']} tau-bench and {kinds['swe']} mini-swe trajectories\n"
-        )
-
-    sittings.write_finished_report(tmp_path, groups, policy_names, preface, trajectories=[])
+    run = GroupedRun(tmp_path, groups, policy_names, {}, "abc1234")
+    run_report.write_finished_report(run, ["abc1234"], "(2 requests each)", "replay --here", trajectories=[])
     text = (tmp_path / "report.md").read_text()
-    assert "2 of 3 groups: 1 tau-bench and 1 mini-swe trajectories" in text
+    assert "2 of 3 groups finished by all 2 policies: 1 tau-bench and 1 mini-swe trajectories (2 requests each)" in text
+    assert "KV cache of unreported tokens. Code: abc1234. Command: `replay --here`" in text
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert [(row["policy"], row["trajectories"], row["prefill_computed"]) for row in summary] == [
         ("none", 2, 120),
@@ -125,20 +119,20 @@ def test_units_round_trip_and_the_report_covers_finished_groups_only(tmp_path, c
 
 
 def test_a_rerun_drops_the_units_of_changed_policies_and_says_so(tmp_path):
-    sittings.check_settings(tmp_path, {"tau": 0}, "abc1234")
+    runs.check_settings(tmp_path, {"tau": 0}, "abc1234")
     store = UnitStore(tmp_path)
     for name in ("none", "pamer", "pamer_tight"):
         for group in ("tau-000", "tau-001"):
             store.add(unit(name, group, "tau0", "tau"))
     assert store.drop(["pamer", "pamer_tight"]) == 4
-    sittings.note_rerun(tmp_path, ["pamer", "pamer_tight"], "def5678", 4)
+    runs.note_rerun(tmp_path, ["pamer", "pamer_tight"], "def5678", 4)
     again = UnitStore(tmp_path)  # read back from the rewritten file
     assert again.complete(["tau-000", "tau-001"], ["none"]) == ["tau-000", "tau-001"]
     assert not again.has("tau-000", "pamer") and not again.has("tau-001", "pamer_tight")
-    assert sittings.check_settings(tmp_path, {"tau": 0}, "def5678") == ["abc1234", "def5678"]  # a resume keeps it
+    assert runs.check_settings(tmp_path, {"tau": 0}, "def5678") == ["abc1234", "def5678"]  # a resume keeps it
     saved = json.loads((tmp_path / "settings.json").read_text())
     assert saved["reruns"] == [{"policies": ["pamer", "pamer_tight"], "commit": "def5678", "units_dropped": 4}]
-    assert sittings.reruns(tmp_path) == " pamer, pamer_tight run again from def5678 (4 units dropped)."
+    assert runs.reruns(tmp_path) == " pamer, pamer_tight run again from def5678 (4 units dropped)."
 
 
 def test_against_another_run_compares_the_groups_both_finished(tmp_path):
@@ -149,52 +143,11 @@ def test_against_another_run_compares_the_groups_both_finished(tmp_path):
             here.add(unit(name, group, trajectory, kind, elapsed_s=12.0))
             if group != "tau-001":  # the other run has not reached tau-001
                 there.add(unit(name, group, trajectory, kind))
-    text = sittings.against_section(here, there, "free", groups, ["none", "pamer"])
+    text = run_report.against_section(here, there, "free", groups, ["none", "pamer"])
     assert "### tau-bench (1 groups, 1 trajectories)" in text and "### mini-swe (1 groups, 1 trajectories)" in text
     # 1 request in 12 s here against 6 s there: 5.00 against 10.00 steps / min
     assert "| none | 100 | - | - | 5.00 | 10.00 | 0.50 | 60 | 60 | - |" in text
-    assert sittings.against_section(here, UnitStore(tmp_path / "empty"), "empty", groups, ["none"]) == ""
-
-
-def test_ab_rounds_alternate_abba():
-    assert abba(1) == [0, 1]
-    assert abba(3) == [0, 1, 1, 0, 0, 1]  # each side 3 times, a linear drift shared
-
-
-class FakeServer:
-    def __init__(self, side, events):
-        self.side, self.events = side, events
-
-    def wait_ready(self, timeout, progress):
-        self.events.append(("ready", self.side))
-
-    def stop(self):
-        self.events.append(("stop", self.side))
-
-
-def test_ab_rounds_collect_each_side_and_stop_every_server():
-    events, measured = [], iter(range(100))
-    results, logs = interleaved_rounds(
-        2,
-        lambda side, log: FakeServer(side, events),
-        lambda side, server: (side, next(measured)),
-        lambda side, result: str(result),
-        "ab-test-",
-    )
-    assert results == [[(0, 0), (0, 3)], [(1, 1), (1, 2)]]  # rounds a b b a
-    assert events == [(kind, side) for side in (0, 1, 1, 0) for kind in ("ready", "stop")]
-    assert sorted(p.name for p in logs.iterdir()) == ["0", "1", "2", "3"]
-
-
-def test_ab_rounds_stop_the_server_when_a_round_fails():
-    events = []
-
-    def measure(side, server):
-        raise RuntimeError("engine died")
-
-    with pytest.raises(RuntimeError, match="engine died"):
-        interleaved_rounds(1, lambda side, log: FakeServer(side, events), measure, str, "ab-test-")
-    assert events == [("ready", 0), ("stop", 0)]
+    assert run_report.against_section(here, UnitStore(tmp_path / "empty"), "empty", groups, ["none"]) == ""
 
 
 def test_a_unit_torn_by_a_killed_sitting_is_cut_off_and_runs_again(tmp_path):
@@ -202,7 +155,7 @@ def test_a_unit_torn_by_a_killed_sitting_is_cut_off_and_runs_again(tmp_path):
     first, second = unit("none", "tau-000", "tau0", "tau"), unit("pamer", "tau-000", "tau0", "tau")
     store.add(first)
     store.add(second)
-    path = tmp_path / sittings.UNITS_FILE
+    path = tmp_path / runs.UNITS_FILE
     whole = path.read_bytes()
     path.write_bytes(whole[:-7])  # the last write never finished
     reopened = UnitStore(tmp_path)
@@ -210,3 +163,69 @@ def test_a_unit_torn_by_a_killed_sitting_is_cut_off_and_runs_again(tmp_path):
     assert path.stat().st_size < len(whole) - 7  # the torn member is gone
     reopened.add(second)  # the resumed sitting runs it again
     assert UnitStore(tmp_path).load(["tau-000"], ["none", "pamer"]) == [first, second]
+
+
+class FakeServer:
+    """Stands in for the run's own server: says when it was waited for and stopped."""
+
+    base_url = "http://127.0.0.1:9"
+
+    def __init__(self, log_path, events):
+        self.log_path, self.events = log_path, events
+
+    def wait_ready(self, timeout):
+        self.events.append("ready")
+
+    def stop(self):
+        self.events.append("stop")
+
+
+def test_a_sitting_refuses_other_settings_before_it_starts_a_server(tmp_path):
+    runs.check_settings(tmp_path, {"tau": 0}, "abc1234")
+    started = []
+    run = GroupedRun(tmp_path, [("tau-000", plans("tau", 1))], ["none"], {"tau": 1}, "def5678")
+    with pytest.raises(runs.SettingsMismatch, match=r"other settings \(tau\)"):
+        runs.sit(run, ReplaySettings(), lambda: started.append("server"))
+    assert not started
+
+
+def test_a_sitting_runs_what_is_not_saved_on_its_own_server_and_stops_it(tmp_path, monkeypatch):
+    log = tmp_path / "server.log"
+    log.write_text("(EngineCore) INFO CPU KV cache size: 25,216 tokens, Maximum concurrency ...")
+    out = tmp_path / "run"
+    store = UnitStore(out)
+    store.add(unit("none", "tau-000", "tau0", "tau"))
+    store.add(unit("pamer", "tau-000", "tau0", "tau"))
+    ran = []
+
+    async def run_units(settings, groups, policies, store, stop_after_s):
+        ran.append((settings.url, stop_after_s, store.has("tau-000", "none"), store.has("tau-000", "pamer")))
+        return 3
+
+    monkeypatch.setattr(runs, "run_units", run_units)
+    events = []
+    groups = [("tau-000", plans("tau", 1)), ("tau-001", plans("tau", 1))]
+    run = GroupedRun(out, groups, ["none", "pamer"], {"tau": 2}, "abc1234")
+    commits = runs.sit(run, ReplaySettings(url="http://elsewhere"), lambda: FakeServer(log, events), 2.0, ["pamer"])
+    assert events == ["ready", "stop"]
+    assert ran == [("http://127.0.0.1:9", 120.0, True, False)]  # on its server, pamer's unit dropped first
+    assert commits == ["abc1234"]
+    saved = json.loads((out / "settings.json").read_text())
+    assert saved["kv_cache_tokens"] == 25_216
+    assert saved["reruns"] == [{"policies": ["pamer"], "commit": "abc1234", "units_dropped": 1}]
+
+
+def test_a_failed_sitting_stops_its_server_and_report_only_starts_none(tmp_path, monkeypatch):
+    async def run_units(*args):
+        raise RuntimeError("engine died")
+
+    monkeypatch.setattr(runs, "run_units", run_units)
+    events = []
+    log = tmp_path / "server.log"
+    log.write_text("a server that reports no KV budget")
+    run = GroupedRun(tmp_path, [("tau-000", plans("tau", 1))], ["none"], {"tau": 1}, "abc1234")
+    with pytest.raises(RuntimeError, match="engine died"):
+        runs.sit(run, ReplaySettings(), lambda: FakeServer(log, events))
+    assert events == ["ready", "stop"]
+    assert runs.sit(run, ReplaySettings(), lambda: events.append("again"), report_only=True) == ["abc1234"]
+    assert events == ["ready", "stop"]

@@ -1,5 +1,6 @@
-"""Interleaved A/B rounds, each on a freshly started server: what
-the A/B benchmarks (``benchmarks/overhead.py``, ``benchmarks/kv_budget.py``) share.
+"""Interleaved A/B rounds, each on a freshly started server: what the A/B
+benchmarks (``benchmarks/overhead.py``, ``benchmarks/kv_budget.py``) share. A
+shared helper, not a script.
 
 Sides run a b b a a b b a ...: each side runs ``rounds`` times and a drift of
 the machine linear in time falls on both sides alike. Each round starts its

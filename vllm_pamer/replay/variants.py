@@ -1,0 +1,50 @@
+"""Named policy variants to replay side by side: each a registered policy with
+options over its defaults, served under its own name (the value of ``vllm-pamer
+serve --pamer-options-by-policy``), so one server runs every variant and a
+request picks one by name. ``vllm-pamer replay --serve`` and the benchmarks
+(``benchmarks/policies.py``, ``kv_budget.py``) serve these; a name that is a
+registered policy (``pamer``, ``sam``, ...) sets that policy's own options.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+TIGHT_BUDGET = 4096
+"""The tight operating point's context budget: half the embedded model's window."""
+
+
+def policy_options(summary_tokens: int) -> dict[str, dict[str, Any]]:
+    """Every variant's options by name; ``summary_tokens``: the length of the
+    summaries, cues and recalls they ask the engine for."""
+    n = summary_tokens
+    paper = {"policy": "pamer", "schedule": "paper", "summary_max_tokens": n, "summary_layout": "text"}
+    return {
+        "pamer": {"summary_max_tokens": n},  # the budget schedule at its defaults
+        # the budget schedule with the paper's summary request (the old steps as one text)
+        "pamer_text": {"policy": "pamer", "summary_max_tokens": n, "summary_layout": "text"},
+        # the tight operating point: a context budget of half the window
+        "pamer_tight": {"policy": "pamer", "summary_max_tokens": n, "context_budget": TIGHT_BUDGET},
+        # the budget schedule as before 8ee507b under KV pressure: the vote compacts inside the
+        # shrunk band and the summary resends the conversation
+        "pamer_kv_vote": {
+            "policy": "pamer",
+            "summary_max_tokens": n,
+            "vote_under_kv_pressure": True,
+            "kv_pressure_summary_layout": "conversation",
+        },
+        # the budget held to each session's share of the KV cache (kv_share), so that the sessions'
+        # contexts stay in the prefix cache together under a KV budget that binds
+        "pamer_kv_share": {"policy": "pamer", "summary_max_tokens": n, "kv_share": 0.8},
+        # and no engine request at a compaction under KV pressure: the memory is the record alone
+        "pamer_kv_record": {"policy": "pamer", "summary_max_tokens": n, "kv_share": 0.8, "kv_pressure_summary": False},
+        "pamer_paper": paper,  # the paper's schedule (Algorithm 1), what `pamer` was before the budget schedule
+        "pamer_plus": {"summary_max_tokens": n, "recall_max_tokens": n},
+        "periodic_summary": {"summary_max_tokens": n},
+        "rolling_summary": {"summary_max_tokens": n},
+        "sam": {"cue_max_tokens": n, "recall_max_tokens": n},
+        # variants of the paper schedule measured in earlier runs
+        "pamer_unstable": {**paper, "stable_recall": False},
+        "pamer_conversation": {**paper, "summary_layout": "conversation"},
+        "pamer_text_query": {**paper, "query_source": "text"},
+    }
