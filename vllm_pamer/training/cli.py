@@ -324,17 +324,6 @@ def extract_main(argv: Sequence[str] | None = None) -> int:
 # --------------------------------------------------------------------------------------
 
 
-def model_fingerprint(model: str | Path | None):
-    """Fingerprint of ``model`` (a model directory) or of the embedded default model."""
-    from vllm_pamer import model_config
-
-    if model is None:
-        from vllm_pamer.default_model import ensure_default_model
-
-        model = ensure_default_model(quiet=True)
-    return model_config.model_fingerprint(model)
-
-
 def train_main(argv: Sequence[str] | None = None) -> int:
     """``vllm-pamer train``: fit the heads, write the heads file and the report."""
     from vllm_pamer.training.experiment import NUM_SEEDS, TARGETS
@@ -411,11 +400,13 @@ def train_main(argv: Sequence[str] | None = None) -> int:
     if args.layer_states and not args.report:
         parser.error("--layer-states writes into the report: pass --report DIR")
 
+    from vllm_pamer.default_model import ensure_default_model
+    from vllm_pamer.model_config import model_fingerprint
     from vllm_pamer.training.controls import read_texts, recent2_texts
     from vllm_pamer.training.experiment import TrainConfig, run_experiment, torch_threads
     from vllm_pamer.training.probes import stack_heads
 
-    fingerprint = model_fingerprint(args.model)
+    fingerprint = model_fingerprint(args.model or ensure_default_model(quiet=True))
     try:
         full, recent2, meta = load_states(args.states, allow_partial=args.allow_partial)
     except StatesError as exc:
