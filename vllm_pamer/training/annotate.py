@@ -41,16 +41,20 @@ from vllm_pamer.core.blocks import Message, block_id, split_conversation
 from vllm_pamer.core.salient import action_values, message_text, occurs
 from vllm_pamer.core.text import serialize_messages
 
-TokenCounter = Callable[[Sequence[Message]], int]
-"""Tokens of a list of messages (the annotator calls it once per distinct block)."""
+CountTokens = Callable[[Sequence[Message]], int]
+"""A function: tokens of a list of messages (the annotator calls it once per distinct block)."""
 
 # --------------------------------------------------------------------------------------
-# Token counters
+# Token counts
 # --------------------------------------------------------------------------------------
+# Not core/tokens.py's TokenCounter, which counts through the served chat template:
+# the reference rule is defined on each block's plain-text view (docs/annotation.md),
+# so its labels depend on no template and its documented counts stay as measured.
 
 
 def char_counter(messages: Sequence[Message]) -> int:
-    """Cheap approximation: characters of the plain-text view // 4 (tests)."""
+    """Characters of the plain-text view // 4: no tokenizer at all (tests,
+    ``--tokens chars``), close enough for the rule's 1024-token threshold."""
     return len(serialize_messages(messages)) // 4
 
 
@@ -71,7 +75,7 @@ def _text_encoder(path: str | Path) -> Callable[[str], int]:
     return lambda text: len(tokenizer.encode(text, add_special_tokens=False))
 
 
-def tokenizer_counter(model: str | Path | None = None) -> TokenCounter:
+def tokenizer_counter(model: str | Path | None = None) -> CountTokens:
     """Tokens of the plain-text view (``serialize_messages``: roles, contents,
     tool calls with their arguments), no special tokens, with the tokenizer of
     ``model`` (a directory; default: the embedded default model). Loaded on
@@ -155,7 +159,7 @@ class DecisionPoint(msgspec.Struct, frozen=True):
     annotator: str = "reference"
 
 
-def _block_tokens(block_messages: Sequence[Message], count_tokens: TokenCounter, cache: dict[str, int]) -> int:
+def _block_tokens(block_messages: Sequence[Message], count_tokens: CountTokens, cache: dict[str, int]) -> int:
     key = block_id(block_messages)
     if key not in cache:
         cache[key] = int(count_tokens(block_messages))
@@ -164,7 +168,7 @@ def _block_tokens(block_messages: Sequence[Message], count_tokens: TokenCounter,
 
 def decision_contexts(
     trajectory: Mapping[str, Any],
-    count_tokens: TokenCounter,
+    count_tokens: CountTokens,
     settings: AnnotatorSettings | None = None,
     token_cache: dict[str, int] | None = None,
 ) -> list[DecisionContext]:
@@ -252,7 +256,7 @@ def _old_only(where: list[int], ctx: DecisionContext, until: int, observed: Sequ
 
 def annotate_trajectory(
     trajectory: Mapping[str, Any],
-    count_tokens: TokenCounter,
+    count_tokens: CountTokens,
     n_recent: int = 2,
     horizon: int = 3,
     min_old_tokens: int = 1024,
@@ -373,7 +377,7 @@ def available_annotators() -> list[str]:
 def create_annotator(
     name: str,
     settings: AnnotatorSettings | None = None,
-    count_tokens: TokenCounter | None = None,
+    count_tokens: CountTokens | None = None,
     **options: Any,
 ) -> Annotator:
     """Build the annotator registered as ``name`` (default counter: the default
@@ -392,7 +396,7 @@ class ReferenceAnnotator:
 
     name = "reference"
 
-    def __init__(self, settings: AnnotatorSettings, count_tokens: TokenCounter) -> None:
+    def __init__(self, settings: AnnotatorSettings, count_tokens: CountTokens) -> None:
         self.settings = settings
         self.count_tokens = count_tokens
         self.token_cache: dict[str, int] = {}
