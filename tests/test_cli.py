@@ -1,13 +1,15 @@
-"""Start-up errors are clear and immediate (no engine is started)."""
+"""The command table, and start-up errors that are clear and immediate (no engine is started)."""
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 
 import pytest
 import torch
 
+from vllm_pamer import cli
 from vllm_pamer.core.heads import HeadsMismatch, ModelFingerprint, random_heads, save_heads
 from vllm_pamer.settings import Settings
 from vllm_pamer.worker.capture import WorkerCapture
@@ -15,6 +17,13 @@ from vllm_pamer.worker.capture import WorkerCapture
 OTHER_MODEL = ModelFingerprint(
     "LlamaForCausalLM", hidden_size=64, num_hidden_layers=2, vocab_size=1000, model_name="other"
 )
+
+
+def test_every_command_is_a_function_of_its_module_and_in_the_usage():
+    for name, target in cli.COMMANDS.items():
+        module, function = target.split(":")
+        assert callable(getattr(importlib.import_module(module), function)), name
+        assert f"vllm-pamer {name} " in cli.__doc__, name
 
 
 def _serve(*args: str) -> subprocess.CompletedProcess:

@@ -86,3 +86,8 @@ def shipped_heads() -> Path | None:
     (``vllm-pamer train``; docs/reports/heads-smollm2/), or None."""
     path = Path(__file__).parent / "data" / "heads" / f"{DEFAULT_MODEL_NAME}.safetensors"
     return path if path.exists() else None
+
+
+def main(argv: list[str]) -> None:
+    """``vllm-pamer prepare-model``: convert the embedded model (once) and print where it is."""
+    print(ensure_default_model())
