@@ -37,7 +37,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def pg_cluster():
     """A throw-away PostgreSQL cluster (``tests/support/postgres.py``) for the session."""
-    from tests.postgres import Cluster
+    from tests.support.postgres import Cluster
 
     try:
         cluster = Cluster().start()
