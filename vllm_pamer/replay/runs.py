@@ -9,7 +9,8 @@ All units of a run live in one file, ``OUT/units.jsonl.gz``: one gzip member
 per unit, appended. A member torn by a killed sitting is cut off when the file
 is next opened. ``OUT/settings.json`` holds what a resume must repeat, the
 code each sitting ran and the KV budget its server reported. The report
-(``OUT/report.md``) covers the groups every policy finished.
+(``OUT/report.md``, ``replay/run_report.py``) covers the groups every policy
+finished.
 """
 
 from __future__ import annotations
