@@ -54,3 +54,9 @@ def test_a_resumable_run_groups_by_kind_refuses_other_settings_and_reports_finis
     capsys.readouterr()
     with pytest.raises(SystemExit, match=r"other settings \(max_steps\)"):
         main([*argv, "--max-steps", "3", "--report-only"])
+
+
+def test_a_resumable_run_without_a_server_says_so(data, tmp_path):
+    argv = ["--data", str(data), "--group-size", "2", "--no-progress", "--out", str(tmp_path / "run")]
+    with pytest.raises(SystemExit, match=r"cannot reach http://127\.0\.0\.1:9"):
+        main([*argv, "--url", "http://127.0.0.1:9", "--timeout", "5"])

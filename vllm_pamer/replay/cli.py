@@ -244,6 +244,8 @@ def _once(args, settings, plans, policies, trajectories) -> int:
 
 def _resumable(args, argv, settings, plans, policies, trajectories) -> int:
     """The run in groups (``replay/runs.py``): this sitting's units, then the report."""
+    import httpx
+
     from vllm_pamer import __version__
     from vllm_pamer.replay.run_report import write_finished_report
     from vllm_pamer.replay.runs import GroupedRun, make_groups, run_command, sit
@@ -256,7 +258,10 @@ def _resumable(args, argv, settings, plans, policies, trajectories) -> int:
     groups = make_groups(tau, swe, args.group_size, args.group_size)
     run = GroupedRun(Path(args.out), groups, policies, fixed, f"vllm-pamer {__version__}")
     start = own[0] if own is not None else None
-    commits = sit(run, settings, start, args.stop_after_min, _csv(args.rerun), args.report_only)
+    try:
+        commits = sit(run, settings, start, args.stop_after_min, _csv(args.rerun), args.report_only)
+    except httpx.HTTPError as exc:  # as in _once: no server there
+        sys.exit(f"vllm-pamer replay: cannot reach {settings.url}: {exc}")
     workload = (
         f"(at most {args.max_steps or 'all'} requests each), {args.concurrency} sessions at a time, "
         f"{args.max_tokens} tokens generated per request"
