@@ -32,24 +32,14 @@ def test_every_top_level_module_but_the_adapters_is_barred_from_vllm():
     assert only_adapters["forbidden_modules"] == ["vllm"]
 
 
-UNCUT = {"benchmarks/retrieval.py"}
-"""Over the limit while another branch cuts it (issue 30, item 4 takes its own vLLM
-engine out); the test fails once it no longer needs the exception: delete it then."""
-
-
 def test_long_modules_say_why_at_their_top():
-    unexplained, cut = [], []
+    unexplained = []
     for path in sorted([*(ROOT / "vllm_pamer").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py")]):
         lines = path.read_text().splitlines()
         head = "\n".join(lines[:30])
-        long = len(lines) > LONG and f"longer than {LONG} lines" not in head.lower()
-        name = str(path.relative_to(ROOT))
-        if long and name not in UNCUT:
-            unexplained.append(f"{name} ({len(lines)} lines)")
-        if not long and name in UNCUT:
-            cut.append(name)
+        if len(lines) > LONG and f"longer than {LONG} lines" not in head.lower():
+            unexplained.append(f"{path.relative_to(ROOT)} ({len(lines)} lines)")
     assert not unexplained, "modules over ~400 lines without a reason at their top: " + ", ".join(unexplained)
-    assert not cut, "within the limit now, take them out of UNCUT: " + ", ".join(cut)
 
 
 def readme() -> str:
