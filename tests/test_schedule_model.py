@@ -1,16 +1,15 @@
-"""benchmarks/schedule_sim.py, the engine-free model used to choose schedule
-settings: its stand-in engine must keep the whole engine contract, or every
-compaction falls back and the model reports a policy that never compacts."""
+"""The engine-free model used to choose schedule settings
+(``replay/schedule_model.py``): its stand-in engine must keep the whole engine
+contract, or every compaction falls back and the model reports a policy that
+never compacts."""
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 
-from benchmarks.policies import policy_options
-from benchmarks.schedule_sim import ModelEngine, simulate
 from vllm_pamer.core.engine import EngineServices
+from vllm_pamer.replay.schedule_model import ModelEngine, ModelSettings, simulate
+from vllm_pamer.replay.variants import policy_options
 from vllm_pamer.trajectories import load_trajectories
 
 
@@ -24,19 +23,13 @@ def counter(tokenizer_dir):
     return TokenCounter(AutoTokenizer.from_pretrained(str(tokenizer_dir)), render_tools_as_text)
 
 
-def sim_args(**over) -> argparse.Namespace:
-    """The model's command-line defaults, with ``over``."""
-    defaults = {"max_steps": 30, "vote_p": 0.8, "seed": 0, "window": 8192, "block": 128, "kv_usage": None}
-    return argparse.Namespace(**{**defaults, "kv_capacity": None, "side_by_side": 1, "round_s": 20.0, **over})
-
-
 def test_the_model_engine_keeps_the_engine_contract_and_pamer_compacts(counter):
     contract = {name for name in dir(EngineServices) if not name.startswith("_")} | {"embedder_name", "max_model_len"}
     engine = ModelEngine(counter, 8192)
     assert {name for name in contract if not hasattr(engine, name)} == set()
     trajectories = load_trajectories(kind="swe")[:1]
     options = {**policy_options(96)["pamer_tight"], "context_budget": 3000}
-    out = simulate("pamer_tight", options, trajectories, sim_args(), counter)
+    out = simulate("pamer_tight", options, trajectories, ModelSettings(), counter)
     assert out["fallbacks"] == 0 and out["compactions"] > 0 and out["refused"] == 0
 
 
@@ -45,6 +38,6 @@ def test_sessions_side_by_side_share_the_modelled_kv_cache(counter):
     options = {**policy_options(96)["pamer"], "kv_share": 0.8}
     runs = {}
     for capacity in (None, 8000):  # unknown: the default budget; 8,000: 3,200 tokens a session
-        args = sim_args(max_steps=12, kv_capacity=capacity, side_by_side=2)
+        args = ModelSettings(max_steps=12, kv_capacity=capacity, side_by_side=2)
         runs[capacity] = simulate("pamer", options, trajectories, args, counter)
     assert runs[8000]["fallbacks"] == 0 and runs[8000]["compactions"] > runs[None]["compactions"]
