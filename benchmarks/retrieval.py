@@ -35,16 +35,14 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from vllm_pamer.replay.retrieval import (  # (noqa: tests/test_embedders.py reads those from this script)
+from vllm_pamer.replay.retrieval import (
     Case,
     CheckConfig,
     MethodResult,
     TrajectoryCheck,
     bootstrap_ci,
+    captured_query_vectors,
     check_trajectory,
-    first_relevant_rank,  # noqa: F401
-    flatten_values,  # noqa: F401
-    random_expectations,  # noqa: F401
     random_method,
     rank_memories,
     score_method,
@@ -128,28 +126,6 @@ class _MiniLMRunner:
 
     def close(self) -> None:
         pass
-
-
-def captured_query_vectors(runner: ServedStateEmbedder, cases: list[Case]) -> dict[int, np.ndarray]:
-    """Per case (by ``id``): the served state at the end of the previous
-    request's prompt, rendered as the server renders it (chat template with
-    the generation prompt, tool calls as text where the template has no
-    tools): what ``query_source="captured"`` recalls with. Cases without a
-    previous request are absent (the server falls back to the text query)."""
-    from vllm_pamer.core.render import render_tools_as_text, template_supports_tools
-
-    tokenizer = runner.tokenizer
-    as_text = not template_supports_tools(getattr(tokenizer, "chat_template", None))
-    prompts: dict[str, int] = {}
-    of_case: dict[int, int] = {}
-    for case in cases:
-        if case.previous_request is None:
-            continue
-        messages = render_tools_as_text(case.previous_request) if as_text else case.previous_request
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        of_case[id(case)] = prompts.setdefault(text, len(prompts))
-    vectors = runner.embed_batch(list(prompts)) if prompts else np.zeros((0, 1), np.float32)
-    return {key: vectors[row] for key, row in of_case.items()}
 
 
 def make_runner(name: str, args):

@@ -1,14 +1,12 @@
-"""The all-MiniLM-L6-v2 embedder (vllm_pamer.embedders) and the case extraction
-of the retrieval check (benchmarks/retrieval.py). Fast: the model loads once
-(a few seconds on two cores); the retrieval tests need no model at all."""
+"""The all-MiniLM-L6-v2 embedder (vllm_pamer.embedders) and the case
+extraction of the retrieval check (vllm_pamer/replay/retrieval.py, which
+benchmarks/retrieval.py runs). Fast: the model loads once (a few seconds on
+two cores); the retrieval tests need no model at all."""
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,6 +19,7 @@ from vllm_pamer.embedders import (
     make_embedder,
     minilm_available,
 )
+from vllm_pamer.replay import retrieval
 
 needs_minilm = pytest.mark.skipif(
     not minilm_available(),
@@ -119,18 +118,6 @@ def test_missing_package_error(monkeypatch):
 # -- retrieval check: case extraction ------------------------------------------------------
 
 
-def _retrieval():
-    """benchmarks/retrieval.py as a module (benchmarks/ is not a package)."""
-    name = "pamer_bench_retrieval"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parents[1] / "benchmarks" / "retrieval.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses look their module up while it loads
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
 def _call(call_id: str, name: str, **kwargs) -> dict:
     return {
         "role": "assistant",
@@ -178,14 +165,14 @@ def _tiny_trajectory() -> dict:
 
 
 def test_flatten_values():
-    r = _retrieval()
+    r = retrieval
     assert r.flatten_values(
         {"a": "RES777", "b": [{"c": 350, "d": 2.0, "e": 12.5}], "f": True, "g": None, "h": "ab"}
     ) == ["RES777", "350", "12.5"]
 
 
 def test_case_extraction_on_a_tiny_trajectory():
-    r = _retrieval()
+    r = retrieval
     cfg = r.CheckConfig(group=3, retained=2, min_memories=1)
     check = r.check_trajectory(_tiny_trajectory(), cfg)
     # requests at assistant messages 4..14 (7 of them); at message 14 (the cancel)
@@ -211,7 +198,7 @@ def test_case_extraction_on_a_tiny_trajectory():
 
 
 def test_ranking_and_random_baseline():
-    r = _retrieval()
+    r = retrieval
     memories = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 0.0]])
     order = r.rank_memories(np.array([1.0, 0.1]), memories)
     assert order == [0, 2, 1, 3]  # ties to the lower id, zero vector last
@@ -226,7 +213,7 @@ def test_captured_query_prompts_are_rendered_as_the_server_sends_them():
     """The deferred query of the retrieval check: one embedding per distinct
     previous request, rendered with the template (tool calls as text when the
     template has no tools); cases without a previous request are left out."""
-    r = _retrieval()
+    r = retrieval
     check = r.check_trajectory(_tiny_trajectory(), r.CheckConfig(group=3, retained=2, min_memories=1))
     cases = check.cases + [r.Case("x", 0, "v", "task", 1, (0,), "q", None)]
 

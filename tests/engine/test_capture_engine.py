@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.engine.tiny_models import ARCHITECTURES, build_tiny_model, hf_last_token_states
+from tests.support.tiny_models import ARCHITECTURES, build_tiny_model, hf_last_token_states
 from vllm_pamer.core.heads import load_heads, random_heads, save_heads
 from vllm_pamer.kernels import five_head_vote_reference
 from vllm_pamer.model_config import model_fingerprint

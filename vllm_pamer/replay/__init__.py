@@ -11,5 +11,9 @@ vllm-pamer server, one policy at a time, with what each policy cost and kept.
   a resume repeats); ``run_report``: its report over the finished groups;
 * ``variants``: named policy variants served side by side;
 * ``own_server``: the server a replay starts for itself;
+* ``schedule_model``: a policy's cost and evidence modelled without an engine
+  (``benchmarks/schedule_sim.py``);
+* ``retrieval``: which embedder recalls the memory holding a needed value
+  (``benchmarks/retrieval.py``);
 * ``cli``: ``vllm-pamer replay``.
 """

@@ -65,6 +65,7 @@ from typing import Any
 import numpy as np
 
 from vllm_pamer.core.blocks import split_conversation
+from vllm_pamer.core.render import render_tools_as_text, template_supports_tools
 from vllm_pamer.core.text import cap_head_and_tail, serialize_messages
 from vllm_pamer.trajectories import agent_requests
 
@@ -264,3 +265,25 @@ def bootstrap_ci(values: np.ndarray, groups: np.ndarray, n_boot: int = 2000, see
     picks = rng.integers(0, len(labels), size=(n_boot, len(labels)))
     means = sums[picks].sum(1) / counts[picks].sum(1)
     return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+
+
+def captured_query_vectors(runner: Any, cases: list[Case]) -> dict[int, np.ndarray]:
+    """Per case (by ``id``): the served state at the end of the previous
+    request's prompt, rendered as the server renders it (chat template with
+    the generation prompt, tool calls as text where the template has no
+    tools): what ``query_source="captured"`` recalls with. Cases without a
+    previous request are absent (the server falls back to the text query).
+    ``runner``: a ``tokenizer`` and ``embed_batch(texts)`` (the benchmark's
+    served-state embedder)."""
+    tokenizer = runner.tokenizer
+    as_text = not template_supports_tools(getattr(tokenizer, "chat_template", None))
+    prompts: dict[str, int] = {}
+    of_case: dict[int, int] = {}
+    for case in cases:
+        if case.previous_request is None:
+            continue
+        messages = render_tools_as_text(case.previous_request) if as_text else case.previous_request
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        of_case[id(case)] = prompts.setdefault(text, len(prompts))
+    vectors = runner.embed_batch(list(prompts)) if prompts else np.zeros((0, 1), np.float32)
+    return {key: vectors[row] for key, row in of_case.items()}
