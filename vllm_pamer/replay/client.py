@@ -29,7 +29,6 @@ import httpx
 import msgspec
 
 from vllm_pamer.core.blocks import Message
-from vllm_pamer.core.salient import action_values
 from vllm_pamer.replay import prometheus
 from vllm_pamer.replay.evidence import (
     Kind,
@@ -40,6 +39,7 @@ from vllm_pamer.replay.evidence import (
     trajectory_kind,
 )
 from vllm_pamer.replay.records import RunSummary, StepRecord
+from vllm_pamer.salient import action_values
 from vllm_pamer.trajectories import agent_requests, trajectory_key
 
 # vLLM: "The decoder prompt (length N) is longer than the maximum model length of M";

@@ -4,7 +4,7 @@ Pure Python (no network, no vLLM). For a decision point of a trajectory
 (history ``messages[:i]``, next action ``messages[i]``, an assistant message):
 
 * the values the action **uses** (``used_values``): for tau-bench
-  (``kind="tau"``) ``core.salient.action_values`` of the recorded action (salient
+  (``kind="tau"``) ``salient.action_values`` of the recorded action (salient
   values of its text and tool-call arguments); for mini-swe (``kind="swe"``)
   the identifier-like tokens of its command (``command_identifiers``: paths,
   and names of 6+ characters);
@@ -12,7 +12,7 @@ Pure Python (no network, no vLLM). For a decision point of a trajectory
   the tool outputs, for tau every message that is not the agent's own (the
   customer, the tools, the policy prompt); in a rewritten context also every
   message the policy inserted (a summary, recalled memory text);
-* the **needed values** are the used values that occur (``core.salient.occurs``)
+* the **needed values** are the used values that occur (``salient.occurs``)
   in an evidence message of the history;
 * ``availability(needed, messages)`` is the share of them that occur in
   ``messages``; called on ``evidence_messages(rewritten, history, kind)`` it
@@ -43,7 +43,7 @@ from typing import Any, Literal
 import msgspec
 
 from vllm_pamer.core.blocks import Message, split_conversation
-from vllm_pamer.core.salient import (
+from vllm_pamer.salient import (
     PYTHON_BUILTINS,
     STOPLIST,
     action_values,

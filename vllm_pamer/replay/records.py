@@ -50,7 +50,7 @@ class StepRecord(msgspec.Struct, kw_only=True):
     action_arguments: str | None = None
     action_text: str = ""
     action_values: list[str] = []
-    """Salient values of the model's action (``core.salient.action_values``)."""
+    """Salient values of the model's action (``salient.action_values``)."""
     needed: int = 0
     """Values the recorded next action needs from the history (``evidence.needed_values``)."""
     available: int | None = None

@@ -3,7 +3,7 @@ parsed in ``cli``):
 
 ``annotate`` - decision contexts (P / O / R) and decision-point labels
 (recall / compression) from recorded trajectories, behind a pluggable
-``Annotator`` registry (salient values: ``vllm_pamer.core.salient``);
+``Annotator`` registry (salient values: ``vllm_pamer.salient``);
 ``extract`` - final-norm states of each decision point on the vLLM engine
 (``vllm_pamer.offline_engine``), through the serving capture path (full
 context and Recent2);

@@ -18,7 +18,7 @@ with an LLM annotator. Offline we have none, so the default annotator here
   the next ``horizon`` (3) actions uses a value that only O_t holds (stale old
   history), 0 otherwise.
 
-What a salient value is, what "uses" and "occurs" mean: ``vllm_pamer.core.salient``
+What a salient value is, what "uses" and "occurs" mean: ``vllm_pamer.salient``
 (shared with the replay). The rule, its examples, its measured counts and its
 biases are in docs/annotation.md.
 
@@ -38,8 +38,8 @@ from typing import Any, Protocol, runtime_checkable
 import msgspec
 
 from vllm_pamer.core.blocks import Message, block_id, split_conversation
-from vllm_pamer.core.salient import action_values, message_text, occurs
 from vllm_pamer.core.text import serialize_messages
+from vllm_pamer.salient import action_values, message_text, occurs
 
 CountTokens = Callable[[Sequence[Message]], int]
 """A function: tokens of a list of messages (the annotator calls it once per distinct block)."""
