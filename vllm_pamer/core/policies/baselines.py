@@ -10,6 +10,7 @@ The summary baselines (``periodic_summary``, ``rolling_summary``) live in
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from vllm_pamer.core.blocks import Message
@@ -101,6 +102,21 @@ def tool_placeholder(chars: int) -> str:
     return f"[tool output removed: {chars} chars]"
 
 
+def masked(messages: Iterable[Message]) -> tuple[list[Message], int]:
+    """``messages`` with every tool output replaced by its placeholder (the
+    result message stays, so each call is still answered), and how many were
+    replaced. The input is never mutated."""
+    out: list[Message] = []
+    stubbed = 0
+    for message in messages:
+        chars = _content_chars(message.get("content"))
+        if message.get("role") in TOOL_ROLES and chars:
+            message = {**message, "content": tool_placeholder(chars)}
+            stubbed += 1
+        out.append(message)
+    return out, stubbed
+
+
 @register_policy
 class DiscardTool(MemoryPolicy):
     """``discard_tool``: keep every message, but replace the output of tool
@@ -118,16 +134,8 @@ class DiscardTool(MemoryPolicy):
     async def rewrite(self, request: PolicyRequest) -> PolicyDecision:
         conversation = request.conversation
         view = context_view(conversation, retained_blocks=self.config.window)
-        out: list[Message] = list(view.prefix)
-        stubbed = 0
-        for block in view.old:
-            for message in block.messages:
-                chars = _content_chars(message.get("content"))
-                if message.get("role") in TOOL_ROLES and chars:
-                    message = {**message, "content": tool_placeholder(chars)}  # never mutate the input
-                    stubbed += 1
-                out.append(message)
-        out.extend(flatten(view.recent))
+        old, stubbed = masked(flatten(view.old))
+        out = list(view.prefix) + old + flatten(view.recent)
         if not stubbed:
             return PolicyDecision(conversation.messages(), "none")
         return PolicyDecision(out, "rewritten", f"removed {stubbed} old tool outputs")

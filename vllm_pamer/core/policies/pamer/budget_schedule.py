@@ -24,7 +24,7 @@ Any failure sends the original request; nothing is removed before it is stored.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import msgspec
 import numpy as np
@@ -44,11 +44,19 @@ from vllm_pamer.core.policies.base import (
 )
 from vllm_pamer.core.policies.pamer.budget import Budget, archive_count, budget_for, kv_share_tokens, trigger
 from vllm_pamer.core.policies.pamer.config import BudgetConfig
-from vllm_pamer.core.policies.pamer.memory import MemoryWriter, captured_query, shown_message, summary_part
+from vllm_pamer.core.policies.pamer.memory import (
+    MemoryKind,
+    MemoryWriter,
+    archived_blocks,
+    captured_query,
+    kind_embedder,
+    masked_text,
+    shown_messages,
+)
 from vllm_pamer.core.policies.pamer.record import step_record
+from vllm_pamer.core.policies.pamer.shown import ShownMemories
 from vllm_pamer.core.policies.summary_writer import StepFailure, step_details
-from vllm_pamer.core.recall import cosine_scores
-from vllm_pamer.core.store import Memory, MemoryStore, StoreError
+from vllm_pamer.core.store import NO_EMBEDDING, Memory, StoreError
 from vllm_pamer.core.view import ContextView, context_view, flatten
 
 CHARS_PER_TOKEN = 3.5
@@ -112,17 +120,24 @@ class _Choice(msgspec.Struct, frozen=True):
 
 
 class BudgetSchedule:
-    def __init__(self, config: BudgetConfig, memory: MemoryWriter, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        config: BudgetConfig,
+        memory: MemoryWriter,
+        clock: Callable[[], float] = time.monotonic,
+        kind: MemoryKind = "summary",
+    ) -> None:
         self.config = config
         self.memory = memory
+        self.kind = kind
+        """What replaces the archived blocks (``memory.MemoryKind``): PaMER's summary and record, or a baseline's."""
         self.clock = clock
         """Seconds, for the sessions' activity (a model of the server sets its own)."""
         # sessions with a request in the last kv_share_idle_s: those sharing the KV cache
         self._active: TTLCache[str, bool] = TTLCache(
             MAX_TRACKED_SESSIONS, config.kv_share_idle_s, timer=lambda: self.clock()
         )
-        # the memory ids each session shows until its next compaction
-        self._chosen: LRUCache[str, tuple[int, ...]] = LRUCache(MAX_TRACKED_SESSIONS)
+        self.shown = ShownMemories(kind, config.top_k)
         self._offset: LRUCache[str, _Offset] = LRUCache(MAX_TRACKED_SESSIONS)
         self._tokens: LRUCache[str, int] = LRUCache(10 * MAX_TRACKED_SESSIONS)  # by block id / text
 
@@ -168,42 +183,6 @@ class BudgetSchedule:
             self._offset[request.session_id] = _Offset(view.covered, shown, received - tokens)
         return tokens
 
-    # -- the memories shown ---------------------------------------------------------
-    async def _shown_ids(
-        self, session: str, searchable: list[Memory], store: MemoryStore, budget_chars: int
-    ) -> tuple[int, ...]:
-        """What the last compaction chose (its event's, where another process
-        made it: its new memory is not in ours), else the newest that fit."""
-        by_id = {m.id for m in searchable}
-        ids = self._chosen.get(session)
-        if searchable and (ids is None or max(by_id) not in ids):
-            events = await store.events(session, limit=50)
-            logged = [e["detail"].get("shown") for e in events if e["kind"] == "compressed"]
-            ids = tuple(logged[-1]) if logged and logged[-1] is not None else None
-        if ids is None or (by_id and max(by_id) not in ids) or any(i not in by_id for i in ids):
-            ids = tuple(m.id for m in self._choose(searchable, None, budget_chars))
-        self._chosen[session] = ids
-        return ids
-
-    def _choose(self, memories: Sequence[Memory], query: np.ndarray | None, budget_chars: int) -> list[Memory]:
-        """Up to ``top_k`` memories within ``budget_chars`` of text: the newest
-        first, then by cosine to ``query`` (or newest first without one)."""
-        if not memories:
-            return []
-        newest = max(memories, key=lambda m: m.id)
-        scores = cosine_scores(query, memories) if query is not None else {}
-        rest = sorted((m for m in memories if m.id != newest.id), key=lambda m: (-scores.get(m.id, 0.0), -m.id))
-        chosen: list[Memory] = [newest]
-        used = len(newest.summary)
-        for memory in rest:
-            if len(chosen) == self.config.top_k:
-                break
-            chars = len(summary_part(memory))
-            if chars and used + chars <= budget_chars:  # a record alone shows nothing once older
-                chosen.append(memory)
-                used += chars
-        return sorted(chosen, key=lambda m: m.id)
-
     # -- the decision -----------------------------------------------------------------
     async def decide(
         self, request: PolicyRequest, context: PolicyContext, memories: list[Memory], notes: list[str]
@@ -219,13 +198,14 @@ class BudgetSchedule:
         share = kv_share_tokens(cfg, services.kv_capacity() if cfg.kv_share else None, len(self._active))
         budget = budget_for(cfg, services.max_model_len, request.context_budget, kv, share)
         # Memories of another embedder still cover their blocks but are not shown.
-        searchable = [m for m in memories if m.embedder == services.embedder_name]
+        searchable = [m for m in memories if m.embedder == kind_embedder(self.kind, services)]
+        if self.kind == "none":
+            searchable = []  # truncation shows nothing
         memory_chars = int(cfg.memory_share * budget.budget * CHARS_PER_TOKEN)
-        shown_ids = await self._shown_ids(session, searchable, store, memory_chars)
+        shown_ids = await self.shown.ids(session, searchable, store, memory_chars)
         by_id = {m.id: m for m in searchable}
         shown = [by_id[i] for i in shown_ids]
-        inserted = [shown_message(shown)] if shown else []
-        sent = list(view.prefix) + inserted + flatten(view.live)
+        sent = list(view.prefix) + shown_messages(self.kind, shown) + flatten(view.live)
         sent_tokens = self._sent_tokens(request, view, shown_ids, sent, services)
         fits = not services.max_model_len or sent_tokens + answer_room(request, services) < services.max_model_len
         vote = request.previous_vote
@@ -262,8 +242,10 @@ class BudgetSchedule:
         block_tokens = [self._count(b.block_id, list(b.messages), services) for b in view.live]
         # The record has its room before any raw block is kept: a line of many
         # archived steps carries more of what comes next than one more old block.
-        record_tokens = int(cfg.record_share * budget.budget)
-        least = prefix_tokens + cfg.summary_max_tokens + record_tokens
+        record_tokens = int(cfg.record_share * budget.budget) if self.kind in ("summary", "record") else 0
+        summary_tokens = cfg.summary_max_tokens if self.kind == "summary" else 0
+        masked_tokens = int(cfg.memory_share * budget.budget) if self.kind == "masked" else 0  # its history's room
+        least = prefix_tokens + summary_tokens + record_tokens + masked_tokens
         count = archive_count(block_tokens, least, budget.target, cfg.retained_blocks)
         if least + sum(block_tokens[count:]) > budget.target:
             count = archive_count(block_tokens, least, budget.target, 1)
@@ -276,7 +258,8 @@ class BudgetSchedule:
             return PolicyDecision(request.conversation.messages(), "none", "; ".join(notes), schedule=choice.report)
         shown_ids = tuple(m.id for m in choice.shown)
         key = "memory-text:" + ",".join(map(str, shown_ids))
-        inserted_tokens = self._count(key, [shown_message(choice.shown)], context.services) if choice.shown else 0
+        inserted = shown_messages(self.kind, choice.shown)
+        inserted_tokens = self._count(key, inserted, context.services) if inserted else 0
         return PolicyDecision(
             choice.sent,
             "recalled" if choice.shown else "rewritten",
@@ -286,12 +269,33 @@ class BudgetSchedule:
             schedule=choice.report,
         )
 
-    @staticmethod
-    async def _archived_blocks(store: MemoryStore, session: str, memories: Sequence[Memory]) -> list[Block]:
-        """The raw blocks the session's memories archived, oldest first."""
-        ids = [b for m in sorted(memories, key=lambda m: m.id) for b in m.covered_block_ids]
-        raw = await store.raw_blocks(session, ids) if ids else {}
-        return [Block(tuple(raw[b])) for b in ids if b in raw]
+    async def _memory(
+        self,
+        request: PolicyRequest,
+        context: PolicyContext,
+        choice: _Choice,
+        plan: _Plan,
+        archived: list[Block],
+        kept: list[Block],
+        chars_per_token: float,
+    ) -> tuple[str, np.ndarray]:
+        """The new memory's text and embedding, by the schedule's kind. Raises
+        StoreError (the archived blocks could not be read) or StepFailure."""
+        cfg, services, budget = self.config, context.services, choice.budget
+        if self.kind == "none":
+            return f"{len(archived)} steps archived by truncation (never shown)", NO_EMBEDDING
+        if self.kind == "masked":
+            return masked_text(archived), NO_EMBEDDING
+        earlier = await archived_blocks(context.store, request.session_id, choice.searchable)
+        record = step_record(earlier + archived, kept, int(plan.record_tokens * chars_per_token))
+        if self.kind == "record" or (budget.under_kv_pressure and not cfg.kv_pressure_summary):
+            return record, await self.memory.embed(record, services, request.previous_state)  # no summary request
+        # under KV pressure the conversation is seldom still cached: the text layout
+        # prefills less; a budget held to the session's KV share keeps it cached
+        scarce = budget.under_kv_pressure and not budget.shared
+        resend = None if scarce and cfg.kv_pressure_summary_layout == "text" else list(choice.view.prefix)
+        summary, embedding = await self.memory.summarize_and_embed(archived, services, resend, choice.shown)
+        return f"{summary}\n\n{record}", embedding
 
     async def compact(
         self,
@@ -307,7 +311,7 @@ class BudgetSchedule:
         cfg = self.config
         store, services, session = context.store, context.services, request.session_id
         view, budget, report = choice.view, choice.budget, choice.report
-        searchable, shown = choice.searchable, choice.shown
+        searchable = choice.searchable
         original = request.conversation.messages()
         prefix = list(view.prefix)
         live = list(view.live)
@@ -323,48 +327,36 @@ class BudgetSchedule:
         chars = sum(len(str(m.get("content") or "")) for m in flatten(archived))
         chars_per_token = max(2.0, chars / max(1, sum(block_tokens[:count])))  # this conversation's own
         try:
-            earlier = await self._archived_blocks(store, session, searchable)
+            text, embedding = await self._memory(request, context, choice, plan, archived, kept, chars_per_token)
         except StoreError as exc:
             await store.log_event(session, Fallback.STORAGE_FAILURE.value, {"error": str(exc)})
             return PolicyDecision.fallback(original, Fallback.STORAGE_FAILURE, str(exc), schedule=report)
-        record = step_record(earlier + archived, kept, int(plan.record_tokens * chars_per_token))
-        try:
-            if budget.under_kv_pressure and not cfg.kv_pressure_summary:  # no request to the scarce engine
-                text = record
-                embedding = await self.memory.embed(record, services, request.previous_state)
-            else:
-                # under KV pressure the conversation is seldom still cached: the text layout
-                # prefills less; a budget held to the session's KV share keeps it cached
-                scarce = budget.under_kv_pressure and not budget.shared
-                resend = None if scarce and cfg.kv_pressure_summary_layout == "text" else prefix
-                summary, embedding = await self.memory.summarize_and_embed(archived, services, resend, shown)
-                text = f"{summary}\n\n{record}"
         except StepFailure as failure:
             await store.log_event(session, failure.rule.value, {"error": failure.detail})
             return PolicyDecision.fallback(original, failure.rule, failure.detail, schedule=report)
         # the memories shown after the compaction, and the request, before anything is stored
         next_id = max((m.id for m in searchable), default=0) + 1  # ids grow: it sorts where it will
-        provisional = Memory(next_id, session, text, embedding, services.embedder_name, (), (), 0.0)
+        embedder = kind_embedder(self.kind, services)
+        provisional = Memory(next_id, session, text, embedding, embedder, (), (), 0.0)
         memory_chars = int(room * chars_per_token)  # the newest is shown whatever its size
         query = captured_query(cfg, request, services, searchable) if searchable else None
-        chosen = self._choose([*searchable, provisional], query, memory_chars)
-        reduced = prefix + [shown_message(chosen)] + flatten(kept)
+        chosen = self.shown.choose([*searchable, provisional], query, memory_chars) if self.kind != "none" else []
+        reduced = prefix + shown_messages(self.kind, chosen) + flatten(kept)
         reduced_tokens = services.prompt_tokens(reduced, request.tools)
         if reduced_tokens >= report.sent_tokens:
             return PolicyDecision(original, "none", "compaction would not shrink the request", schedule=report)
         cache_break = max(0, report.sent_tokens - prefix_tokens - block_tokens[-1])
         try:
-            memory_id = await store.commit_memory(
-                session, text, embedding, services.embedder_name, archived, step_details(archived)
-            )
+            memory_id = await store.commit_memory(session, text, embedding, embedder, archived, step_details(archived))
         except Exception as exc:  # storage precedes removal: nothing is removed
             await store.log_event(session, Fallback.STORAGE_FAILURE.value, {"error": str(exc)})
             return PolicyDecision.fallback(original, Fallback.STORAGE_FAILURE, str(exc), schedule=report)
         final = [msgspec.structs.replace(m, id=memory_id) if m is provisional else m for m in chosen]
         shown_ids = tuple(sorted(m.id for m in final))
-        reduced = prefix + [shown_message(final)] + flatten(kept)
+        inserted = shown_messages(self.kind, final)
+        reduced = prefix + inserted + flatten(kept)
         reduced_tokens = services.prompt_tokens(reduced, request.tools)
-        self._chosen[session] = shown_ids
+        self.shown.keep(session, shown_ids)
         if request.prompt_tokens is not None:
             covered = view.covered + len(archived)
             self._offset[session] = _Offset(covered, shown_ids, request.prompt_tokens - reduced_tokens)
@@ -382,7 +374,7 @@ class BudgetSchedule:
         )
         notes.append(f"{why}: archived {len(archived)} blocks as memory {memory_id}; cache break {cache_break} tokens")
         done = msgspec.structs.replace(report, trigger=why, cache_break_tokens=cache_break)
-        inserted_tokens = services.count_tokens([shown_message(final)])
+        inserted_tokens = services.count_tokens(inserted) if inserted else 0
         return PolicyDecision(
             reduced, "compressed", "; ".join(notes), inserted_tokens, recalled=shown_ids, schedule=done
         )

@@ -1,10 +1,12 @@
 """Writing a PaMER memory, for both schedules: the summary
 (``summary_writer.py``) and its embedding, the query recall searches with,
-and the memory text the budget schedule shows."""
+and the memory text the budget schedule shows, for each kind of memory its
+compactions can write (``MemoryKind``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import msgspec
 import numpy as np
@@ -13,12 +15,13 @@ from vllm_pamer.core.blocks import Block, Message
 from vllm_pamer.core.engine import EngineServices
 from vllm_pamer.core.fallback import Fallback
 from vllm_pamer.core.policies.base import PolicyRequest
+from vllm_pamer.core.policies.baselines import masked
 from vllm_pamer.core.policies.pamer.config import PamerOptions
 from vllm_pamer.core.policies.pamer.record import RECORD_HEADER
 from vllm_pamer.core.policies.summary_writer import StepFailure, memory_message, summary_instruction, write_summary
 from vllm_pamer.core.recall import SERVED_STATE_EMBEDDER
 from vllm_pamer.core.retry import with_retries
-from vllm_pamer.core.store import Memory
+from vllm_pamer.core.store import Memory, MemoryStore
 from vllm_pamer.core.view import flatten
 
 
@@ -88,3 +91,43 @@ def shown_message(memories: Sequence[Memory]) -> Message:
 def summary_part(memory: Memory) -> str:
     """A memory's text without its verbatim record (empty for a record alone)."""
     return "" if memory.summary.startswith(RECORD_HEADER) else memory.summary.split("\n\n" + RECORD_HEADER, 1)[0]
+
+
+MemoryKind = Literal["summary", "record", "none", "masked"]
+"""What replaces the blocks a budget-schedule compaction archives: ``summary``
+(PaMER: a summary and the verbatim record), ``record`` (the record alone, no
+summary request), ``none`` (nothing: truncation), ``masked`` (the blocks
+themselves with their tool outputs replaced by a placeholder: observation
+masking in the schedule's large, rare steps)."""
+
+UNSHOWN_EMBEDDERS: dict[MemoryKind, str] = {"none": "truncated", "masked": "masked"}
+"""The embedder names of memories no recall searches (their embedding is
+``NO_EMBEDDING``); a session's memories of one kind never mix with another's."""
+
+
+def kind_embedder(kind: MemoryKind, services: EngineServices) -> str:
+    """The embedder name a compaction of ``kind`` stores its memory under."""
+    return UNSHOWN_EMBEDDERS.get(kind, services.embedder_name)
+
+
+def shown_messages(kind: MemoryKind, memories: Sequence[Memory]) -> list[Message]:
+    """What a request shows for ``memories`` (already chosen) after its prefix."""
+    if not memories or kind == "none":
+        return []
+    if kind == "masked":
+        ordered = sorted(memories, key=lambda m: m.id)
+        return [message for m in ordered for message in msgspec.json.decode(m.summary)]
+    return [shown_message(memories)]
+
+
+def masked_text(blocks: Sequence[Block]) -> str:
+    """A ``masked`` memory's text: its blocks' messages, tool outputs masked, as JSON."""
+    messages, _ = masked(flatten(blocks))
+    return msgspec.json.encode(messages).decode()
+
+
+async def archived_blocks(store: MemoryStore, session: str, memories: Sequence[Memory]) -> list[Block]:
+    """The raw blocks ``memories`` archived, oldest first (StoreError when they cannot be read)."""
+    ids = [b for m in sorted(memories, key=lambda m: m.id) for b in m.covered_block_ids]
+    raw = await store.raw_blocks(session, ids) if ids else {}
+    return [Block(tuple(raw[b])) for b in ids if b in raw]

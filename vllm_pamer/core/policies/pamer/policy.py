@@ -18,7 +18,7 @@ from vllm_pamer.core.policies.base import (
 )
 from vllm_pamer.core.policies.pamer.budget_schedule import BudgetSchedule
 from vllm_pamer.core.policies.pamer.config import BudgetConfig, PamerConfig, PaperConfig, schedule_config
-from vllm_pamer.core.policies.pamer.memory import MemoryWriter
+from vllm_pamer.core.policies.pamer.memory import MemoryKind, MemoryWriter
 from vllm_pamer.core.policies.pamer.paper_schedule import PaperSchedule
 from vllm_pamer.core.store import Memory, StoreError
 
@@ -39,6 +39,8 @@ class Pamer(MemoryPolicy):
     config_cls: ClassVar[type[PolicyConfig]] = BudgetConfig
     """The default schedule's; ``make_config`` picks by ``schedule``."""
     requires_heads = True
+    memory_kind: ClassVar[MemoryKind] = "summary"
+    """What the budget schedule's compactions write (the baselines on its schedule write less)."""
     config: PamerConfig
 
     def __init__(self, config: PamerConfig | None = None) -> None:
@@ -47,7 +49,7 @@ class Pamer(MemoryPolicy):
         self.schedule: Schedule = (
             PaperSchedule(self.config, self.memory)
             if isinstance(self.config, PaperConfig)
-            else BudgetSchedule(self.config, self.memory)
+            else BudgetSchedule(self.config, self.memory, kind=self.memory_kind)
         )
 
     @classmethod

@@ -1,0 +1,83 @@
+"""Baselines on PaMER's budget schedule: the same compactions (the band, the
+vote inside it, the forced top, the large rare steps that keep vLLM's prefix
+cache), with less in place of the archived blocks, so a memory policy can be
+judged against what the schedule alone buys (issue 31):
+
+* ``truncate``: nothing; the archived blocks are dropped (stored raw, so
+  nothing is lost), no engine request;
+* ``record_only``: the verbatim record of the archived steps (``record.py``)
+  without a summary, embedded by the state captured at the session's
+  previous prompt: no summary request;
+* ``observation_masking``: the archived blocks themselves with their tool
+  outputs replaced by a placeholder and the agent's own turns kept
+  (``discard_tool``'s rule, applied only at compactions so it keeps the
+  prefix cache); the oldest masked steps leave once the masked history
+  passes ``memory_share`` of the budget.
+
+They take PaMER's budget options (``BudgetConfig``) and refuse those they do
+not read. They need no heads: without a vote they compact at the band's top.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import msgspec
+
+from vllm_pamer.core.policies.base import PolicyConfig, register_policy
+from vllm_pamer.core.policies.pamer.config import BudgetConfig
+from vllm_pamer.core.policies.pamer.memory import MemoryKind
+from vllm_pamer.core.policies.pamer.policy import Pamer
+
+SUMMARY_OPTIONS = frozenset(
+    {
+        "summary_source_chars",
+        "summary_max_tokens",
+        "summary_timeout_s",
+        "summary_attempts",
+        "summary_layout",
+        "kv_pressure_summary",
+        "kv_pressure_summary_layout",
+    }
+)
+"""What only a memory with a summary reads."""
+RECORD_OPTIONS = frozenset({"record_share", "top_k", "embed_timeout_s", "embed_attempts", "query_source"})
+"""What only a memory with a record, shown by similarity, reads."""
+
+
+class _OnTheBudgetSchedule(Pamer):
+    requires_heads = False
+    unused_options: ClassVar[frozenset[str]] = frozenset()
+    """Options of ``BudgetConfig`` this baseline does not read: refused, not ignored."""
+
+    @classmethod
+    def config_classes(cls) -> tuple[type[PolicyConfig], ...]:
+        return (BudgetConfig,)
+
+    @classmethod
+    def make_config(cls, options: dict[str, Any]) -> PolicyConfig:
+        unused = sorted((set(options) & cls.unused_options) | ({"schedule"} & set(options)))
+        if unused:
+            raise ValueError(f"{', '.join(unused)}: not an option of {cls.name} (it runs the budget schedule)")
+        return msgspec.convert(options, BudgetConfig)
+
+
+@register_policy
+class Truncate(_OnTheBudgetSchedule):
+    name = "truncate"
+    memory_kind: ClassVar[MemoryKind] = "none"
+    unused_options = SUMMARY_OPTIONS | RECORD_OPTIONS | {"memory_share"}
+
+
+@register_policy
+class RecordOnly(_OnTheBudgetSchedule):
+    name = "record_only"
+    memory_kind: ClassVar[MemoryKind] = "record"
+    unused_options = SUMMARY_OPTIONS
+
+
+@register_policy
+class ObservationMasking(_OnTheBudgetSchedule):
+    name = "observation_masking"
+    memory_kind: ClassVar[MemoryKind] = "masked"
+    unused_options = SUMMARY_OPTIONS | RECORD_OPTIONS

@@ -1,0 +1,67 @@
+"""Which memories a request of the budget schedule shows: chosen at each
+compaction (the new one whole, older ones by similarity to the captured
+state, within the memory budget) and kept until the next, so the memory text
+after the prefix stays the same between compactions."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from cachetools import LRUCache
+
+from vllm_pamer.core.policies.base import MAX_TRACKED_SESSIONS
+from vllm_pamer.core.policies.pamer.memory import MemoryKind, summary_part
+from vllm_pamer.core.recall import cosine_scores
+from vllm_pamer.core.store import Memory, MemoryStore
+
+
+class ShownMemories:
+    def __init__(self, kind: MemoryKind, top_k: int) -> None:
+        self.kind, self.top_k = kind, top_k
+        # the memory ids each session shows until its next compaction
+        self._chosen: LRUCache[str, tuple[int, ...]] = LRUCache(MAX_TRACKED_SESSIONS)
+
+    def keep(self, session: str, ids: tuple[int, ...]) -> None:
+        """What a compaction chose, shown until the next."""
+        self._chosen[session] = ids
+
+    async def ids(
+        self, session: str, searchable: list[Memory], store: MemoryStore, budget_chars: int
+    ) -> tuple[int, ...]:
+        """What the last compaction chose (its event's, where another process
+        made it: its new memory is not in ours), else the newest that fit.
+        Raises StoreError when the events cannot be read."""
+        by_id = {m.id for m in searchable}
+        ids = self._chosen.get(session)
+        if searchable and (ids is None or max(by_id) not in ids):
+            events = await store.events(session, limit=50)
+            logged = [e["detail"].get("shown") for e in events if e["kind"] == "compressed"]
+            ids = tuple(logged[-1]) if logged and logged[-1] is not None else None
+        if ids is None or (by_id and max(by_id) not in ids) or any(i not in by_id for i in ids):
+            ids = tuple(m.id for m in self.choose(searchable, None, budget_chars))
+        self._chosen[session] = ids
+        return ids
+
+    def choose(self, memories: Sequence[Memory], query: np.ndarray | None, budget_chars: int) -> list[Memory]:
+        """Up to ``top_k`` memories within ``budget_chars`` of text: the newest
+        first, then by cosine to ``query`` (or newest first without one). A
+        masked history shows its newest memories that fit, without gaps."""
+        if not memories:
+            return []
+        newest = max(memories, key=lambda m: m.id)
+        scores = cosine_scores(query, memories) if query is not None else {}
+        rest = sorted((m for m in memories if m.id != newest.id), key=lambda m: (-scores.get(m.id, 0.0), -m.id))
+        chosen: list[Memory] = [newest]
+        used = len(newest.summary)
+        for memory in rest:
+            if self.kind == "masked":
+                if used + len(memory.summary) > budget_chars:
+                    break
+            elif len(chosen) == self.top_k:
+                break
+            chars = len(summary_part(memory))
+            if chars and used + chars <= budget_chars:  # a record alone shows nothing once older
+                chosen.append(memory)
+                used += chars
+        return sorted(chosen, key=lambda m: m.id)
