@@ -66,6 +66,13 @@ def test_the_readme_documents_every_option_of_every_policy():
     assert not missing, "policy options the README does not mention: " + ", ".join(missing)
 
 
+def test_the_readme_lists_every_fallback_rule():
+    from vllm_pamer.core.fallback import Fallback
+
+    text = readme()
+    assert [rule.action for rule in Fallback if rule.action not in text] == []
+
+
 def test_the_pre_commit_hooks_are_the_checks_of_make_lint():
     import yaml  # a dependency of vLLM and transformers
 

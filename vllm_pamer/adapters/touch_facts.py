@@ -22,6 +22,7 @@ default ``~/.cache/vllm-pamer``).
 
 from __future__ import annotations
 
+import argparse
 import ast
 import hashlib
 import importlib
@@ -226,5 +227,16 @@ def record(versions: Sequence[str]) -> int:
     return 1 if failed else 0
 
 
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m vllm_pamer.adapters.touch_facts",
+        description="Record what each adapter package's touch points find in vLLM's wheels (touch_points.json).",
+    )
+    parser.add_argument(
+        "versions", nargs="*", metavar="X.Y.Z", help="vLLM versions to read (default: every one recorded so far)"
+    )
+    return record(parser.parse_args(argv).versions)
+
+
 if __name__ == "__main__":
-    sys.exit(record(sys.argv[1:]))
+    sys.exit(main())
