@@ -9,8 +9,8 @@ per group of trajectories and per policy, its report and plots written to
         --out benchmarks/results/policies-full                                   # resumable, hours
 
 Data: ../shared/data/trajectories/{tau_airline,mini_swe}.jsonl.gz, the first
-``--tau`` / ``--swe`` trajectories of each (0 = all), at most ``--max-steps`` /
-``--swe-max-steps`` requests each. Heads: the shipped trained heads of the
+``--tau`` / ``--swe`` trajectories of each (0 = all; of ``--split`` when given),
+at most ``--max-steps`` / ``--swe-max-steps`` requests each. Heads: the shipped trained heads of the
 embedded model (or ``--heads``). Internal answers are shortened with
 ``--summary-tokens`` so a CPU run ends in hours, not days; say so when quoting.
 
@@ -41,7 +41,7 @@ from vllm_pamer.replay.own_server import start_server
 from vllm_pamer.replay.run_report import write_finished_report
 from vllm_pamer.replay.runs import GroupedRun, make_groups, run_command, sit
 from vllm_pamer.replay.variants import policy_options
-from vllm_pamer.trajectories import load_trajectories
+from vllm_pamer.trajectories import in_split, load_trajectories
 
 POLICIES = "none,recent_k,pamer,pamer_tight,pamer_paper,sam"
 RUN_OPTIONS = (
@@ -59,6 +59,7 @@ RUN_OPTIONS = (
     "serve_args",
     "policies",
     "kv_cache_gib",
+    "split",
 )
 """What a resumed run must repeat (settings.json)."""
 
@@ -73,7 +74,7 @@ def load_plans(args: argparse.Namespace) -> tuple[list[TrajectoryPlan], list[Tra
         if count < 0:
             chosen.append([])
             continue
-        loaded = load_trajectories(DATA / f"{name}.jsonl.gz")
+        loaded = in_split(load_trajectories(DATA / f"{name}.jsonl.gz"), args.split)
         loaded = loaded if count == 0 else loaded[:count]
         if args.order == "random":
             loaded = random.Random(args.seed).sample(loaded, len(loaded))
@@ -109,6 +110,13 @@ def main() -> None:
         help="group the chosen trajectories in file order or shuffled (--seed)",
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--split",
+        choices=("tuning", "evaluation"),
+        default=None,
+        help="only the trajectories of this split (vllm_pamer/data/splits.json; default: all): "
+        "settings are chosen on tuning, figures reported on evaluation",
+    )
     parser.add_argument("--group-size", type=int, default=4, help="trajectories per group (default %(default)s)")
     parser.add_argument("--swe-group-size", type=int, default=None, help="for mini-swe (default: --group-size)")
     parser.add_argument("--concurrency", type=int, default=2)

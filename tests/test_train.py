@@ -28,7 +28,8 @@ from vllm_pamer.training.probes import (
     stack_heads,
     weighted_bce,
 )
-from vllm_pamer.training.splits import grouped_split, task_id
+from vllm_pamer.training.splits import grouped_split
+from vllm_pamer.trajectories import task_of
 
 
 def softplus(x: float) -> float:
@@ -105,12 +106,12 @@ def test_distillation_matches_paper_identities():
 # --------------------------------------------------------------------------------------
 
 
-def test_task_id():
-    assert task_id("airline-task14-trial1") == "airline-task14"
-    assert task_id("airline-task14-trial12") == "airline-task14"
-    assert task_id("retail-task3-trial0") == "retail-task3"
-    assert task_id("django__django-14752") == "django__django-14752"
-    assert task_id("airline-task14") == "airline-task14"
+def test_task_of():
+    assert task_of("airline-task14-trial1") == "airline-task14"
+    assert task_of("airline-task14-trial12") == "airline-task14"
+    assert task_of("retail-task3-trial0") == "retail-task3"
+    assert task_of("django__django-14752") == "django__django-14752"
+    assert task_of("airline-task14") == "airline-task14"
 
 
 def _grouped_ids(n_tau=40, trials=3, n_swe=60, rows=(1, 9), seed=0):
@@ -122,7 +123,7 @@ def _grouped_ids(n_tau=40, trials=3, n_swe=60, rows=(1, 9), seed=0):
 
 def test_grouped_split_keeps_tasks_together_and_is_deterministic():
     trajectory_ids = _grouped_ids()
-    groups = [task_id(t) for t in trajectory_ids]
+    groups = [task_of(t) for t in trajectory_ids]
     n_groups = len(set(groups))
     assert n_groups == 100
     splits = {}

@@ -1,13 +1,15 @@
-"""Recorded agent trajectories and how an agent would have replayed them."""
+"""Recorded agent trajectories, how an agent would have replayed them, and
+which split of the evaluation each belongs to (``split_of``)."""
 
 from __future__ import annotations
 
 import gzip
 import hashlib
 import json
-from collections.abc import Iterator, Mapping
+import re
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 DATA_DIR = Path(__file__).parent / "data" / "trajectories"
 SHIPPED = {
@@ -45,3 +47,67 @@ def agent_requests(messages: list[dict[str, Any]]) -> Iterator[tuple[int, list[d
     for i, message in enumerate(messages):
         if message.get("role") == "assistant" and i > 0:
             yield i, messages[:i]
+
+
+_TRIAL_RE = re.compile(r"^(?P<task>.+)-trial\d+$")
+Split = Literal["tuning", "evaluation"]
+SPLIT_FILE = Path(__file__).parent / "data" / "splits.json"
+"""The tuning tasks, fixed once (``make_split`` over the shared trajectories;
+``python -m vllm_pamer.trajectories --make-split PATH ...`` writes it)."""
+TUNING_SHARE = 1 / 3
+SPLIT_SALT = "vllm-pamer tuning split 2026-12-04"
+
+
+def task_of(trajectory_id: str) -> str:
+    """The task a trajectory solves, the unit every split is made of:
+    tau-bench ``airline-task14-trial1`` -> ``airline-task14`` (all trials of a
+    task together); any other id (a mini-swe instance) is its own task."""
+    match = _TRIAL_RE.match(trajectory_id)
+    return match.group("task") if match else trajectory_id
+
+
+def make_split(trajectories: Iterable[Mapping[str, Any]], share: float = TUNING_SHARE) -> list[str]:
+    """The tuning tasks: per source, the ``share`` of its tasks first in the
+    order of their salted sha256 (no random state; the rest is evaluation)."""
+    by_source: dict[str, set[str]] = {}
+    for trajectory in trajectories:
+        by_source.setdefault(str(trajectory.get("source", "")), set()).add(task_of(str(trajectory.get("id", ""))))
+    tuning: list[str] = []
+    for tasks in by_source.values():
+        ordered = sorted(tasks, key=lambda t: hashlib.sha256(f"{SPLIT_SALT}:{t}".encode()).hexdigest())
+        tuning += ordered[: round(share * len(ordered))]
+    return sorted(tuning)
+
+
+def _tuning_tasks() -> frozenset[str]:
+    return frozenset(json.loads(SPLIT_FILE.read_text())["tuning"])
+
+
+def split_of(trajectory: Mapping[str, Any]) -> Split:
+    """``tuning`` (defaults are chosen and heads trained on these) or
+    ``evaluation`` (figures are reported on these); a task the split file does
+    not name is evaluation."""
+    return "tuning" if task_of(str(trajectory.get("id", ""))) in _tuning_tasks() else "evaluation"
+
+
+def in_split(trajectories: Iterable[Mapping[str, Any]], split: Split | None) -> list[dict[str, Any]]:
+    """The trajectories of ``split`` in their order (None: all)."""
+    return [dict(t) for t in trajectories if split is None or split_of(t) == split]
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m vllm_pamer.trajectories", description="Write the split file.")
+    parser.add_argument("--make-split", nargs="+", metavar="PATH", required=True, help="trajectory files (.jsonl.gz)")
+    args = parser.parse_args(argv)
+    trajectories = [t for path in args.make_split for t in load_trajectories(path)]
+    tuning = make_split(trajectories)
+    payload = {"salt": SPLIT_SALT, "share": TUNING_SHARE, "tuning": tuning}
+    SPLIT_FILE.write_text(json.dumps(payload, indent=1) + "\n")
+    print(f"{SPLIT_FILE}: {len(tuning)} tuning tasks of {len({task_of(str(t['id'])) for t in trajectories})}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

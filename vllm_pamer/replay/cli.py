@@ -32,9 +32,11 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from vllm_pamer.server_process import ServerProcess
+    from vllm_pamer.trajectories import Split
 
 RUN_OPTIONS = (
     "data",
+    "split",
     "limit_trajectories",
     "max_steps",
     "group_size",
@@ -50,14 +52,15 @@ RESUMABLE_ONLY = ("stop_after_min", "rerun", "report_only", "against")
 SERVE_ONLY = ("heads", "kv_cache_gib", "kv_cache_blocks")
 
 
-def _load(paths: Sequence[str] | None, limit: int | None) -> list[dict[str, Any]]:
-    from vllm_pamer.trajectories import load_trajectories
+def _load(paths: Sequence[str] | None, limit: int | None, split: Split | None = None) -> list[dict[str, Any]]:
+    from vllm_pamer.trajectories import in_split, load_trajectories
 
     sets = (
         [load_trajectories(p) for p in paths]
         if paths
         else [load_trajectories(None, "tau"), load_trajectories(None, "swe")]
     )
+    sets = [in_split(trajectories, split) for trajectories in sets]
     return [t for trajectories in sets for t in (trajectories[:limit] if limit is not None else trajectories)]
 
 
@@ -79,6 +82,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--policies", default="none,recent_k", help="comma-separated, run in this order (default %(default)s)"
+    )
+    parser.add_argument(
+        "--split",
+        choices=("tuning", "evaluation"),
+        default=None,
+        help="only the trajectories of this split (vllm_pamer/data/splits.json, by task; default: all)",
     )
     parser.add_argument(
         "--limit-trajectories", type=int, default=None, metavar="N", help="first N trajectories of each file"
@@ -157,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from tqdm import tqdm
 
-    trajectories = _load(args.data, args.limit_trajectories)
+    trajectories = _load(args.data, args.limit_trajectories, args.split)
     if args.frontier:
         from vllm_pamer.replay.evidence import format_frontier, recency_frontier
 

@@ -10,7 +10,7 @@ full_tokens, recent2_tokens, truncated, turn, last_tool, recall, compression).
 Protocol, per seed s in 0..4 (the seed fixes both the split and the init):
 
 * rows whose target label is None are dropped; the rest are split 70/15/15 by
-  *task* (``splits.task_id``: ``airline-task14-trial3`` -> ``airline-task14``;
+  *task* (``trajectories.task_of``: ``airline-task14-trial3`` -> ``airline-task14``;
   any other id is its own task), so every trial of a task lies in one split;
 * inputs are standardized with train-split statistics (folded into the
   exported weights, so the served heads read raw states);
@@ -56,7 +56,8 @@ import torch
 from vllm_pamer.training.controls import TfidfCorpus, fit_logistic, length_turn_features, tool_one_hot
 from vllm_pamer.training.metrics import auroc, binary_metrics, mean_sd, select_threshold
 from vllm_pamer.training.probes import HIDDEN_WIDTH, FittedHead, Standardizer, export_head, fit_head
-from vllm_pamer.training.splits import grouped_split, task_id
+from vllm_pamer.training.splits import grouped_split
+from vllm_pamer.trajectories import task_of
 
 TARGETS = ("compression", "recall")
 NUM_SEEDS = 5
@@ -222,7 +223,7 @@ def _run_experiment(full, recent2, meta, config: TrainConfig, texts, log) -> Exp
         raise ValueError(f"no row has a {config.target} label")
     full, recent2, y = full[keep], recent2[keep], labels[keep]
     meta = [meta[i] for i in keep]
-    groups = [task_id(str(r["trajectory_id"])) for r in meta]
+    groups = [task_of(str(r["trajectory_id"])) for r in meta]
     notes: list[str] = []
 
     document_texts = None

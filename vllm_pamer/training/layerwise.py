@@ -30,7 +30,8 @@ from vllm_pamer.training.experiment import TARGETS, target_labels
 from vllm_pamer.training.metrics import auprc, auroc, mean_sd
 from vllm_pamer.training.probes import Standardizer, fit_head
 from vllm_pamer.training.report import fmt_estimate
-from vllm_pamer.training.splits import grouped_split, task_id
+from vllm_pamer.training.splits import grouped_split
+from vllm_pamer.trajectories import task_of
 
 POOLINGS = ("last", "mean")
 
@@ -99,7 +100,7 @@ def run_layerwise(
             labels = target_labels(meta, target)
             keep = np.flatnonzero(labels >= 0)
             y = labels[keep]
-            groups = [task_id(str(meta[i]["trajectory_id"])) for i in keep]
+            groups = [task_of(str(meta[i]["trajectory_id"])) for i in keep]
             result.data[target] = {"rows": int(keep.size), "positives": int(y.sum()), "tasks": len(set(groups))}
             cells = result.cells[target] = {
                 tap: {p: {"auroc": [], "auprc": [], "gap": []} for p in POOLINGS} for tap in taps

@@ -5,19 +5,9 @@ groups its splits by question for the same reason)."""
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 
 import numpy as np
-
-_TRIAL_RE = re.compile(r"^(?P<task>.+)-trial\d+$")
-
-
-def task_id(trajectory_id: str) -> str:
-    """The grouping unit: tau-bench ``airline-task14-trial1`` -> ``airline-task14``
-    (all trials of a task together); any other id (mini-swe) is its own task."""
-    match = _TRIAL_RE.match(trajectory_id)
-    return match.group("task") if match else trajectory_id
 
 
 def grouped_split(
