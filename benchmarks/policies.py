@@ -36,7 +36,7 @@ from pathlib import Path
 
 from benchmarks._repo import DATA, ROOT, git_commit
 from vllm_pamer.default_model import ensure_default_model, shipped_heads
-from vllm_pamer.replay.client import ReplaySettings, TrajectoryPlan, plan_replay
+from vllm_pamer.replay.client import ReplaySettings, TrajectoryPlan, parse_budgets, plan_replay
 from vllm_pamer.replay.own_server import start_server
 from vllm_pamer.replay.run_report import write_finished_report
 from vllm_pamer.replay.runs import GroupedRun, make_groups, run_command, sit
@@ -60,6 +60,7 @@ RUN_OPTIONS = (
     "policies",
     "kv_cache_gib",
     "split",
+    "context_budget",
 )
 """What a resumed run must repeat (settings.json)."""
 
@@ -116,6 +117,13 @@ def main() -> None:
         default=None,
         help="only the trajectories of this split (vllm_pamer/data/splits.json; default: all): "
         "settings are chosen on tuning, figures reported on evaluation",
+    )
+    parser.add_argument(
+        "--context-budget",
+        default=None,
+        metavar="KIND=TOKENS,...",
+        help="the context budget every request of a kind sets (X-Pamer-Context-Budget), e.g. tau=3000,swe=4096: "
+        "every policy with a budget at the same one (default: each policy's own)",
     )
     parser.add_argument("--group-size", type=int, default=4, help="trajectories per group (default %(default)s)")
     parser.add_argument("--swe-group-size", type=int, default=None, help="for mini-swe (default: --group-size)")
@@ -177,7 +185,13 @@ def main() -> None:
         log = Path(tempfile.mkdtemp(prefix="policies-")) / "server.log"
         return start_server(heads, options, args.serve_args, args.kv_cache_gib, log, args.kv_cache_blocks)
 
-    replay = ReplaySettings(max_tokens=args.max_tokens, concurrency=args.concurrency, reset_prefix_cache=True)
+    try:
+        budgets = parse_budgets(args.context_budget) if args.context_budget else None
+    except ValueError as exc:
+        sys.exit(str(exc))
+    replay = ReplaySettings(
+        max_tokens=args.max_tokens, concurrency=args.concurrency, reset_prefix_cache=True, context_budget=budgets
+    )
     rerun = [p for p in args.rerun.split(",") if p]
     commits = sit(run, replay, own_server, args.stop_after_min, rerun, args.report_only)
     report(run, commits, args)

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 
 import httpx
 import pytest
 
 from tests.test_replay_evidence import SWE
-from vllm_pamer.replay.client import ReplaySettings, model_action, plan_replay, replay_policy, served_model
+from vllm_pamer.replay.client import (
+    ReplaySettings,
+    model_action,
+    parse_budgets,
+    plan_replay,
+    replay_policy,
+    served_model,
+)
 from vllm_pamer.replay.evidence import context_chars, recent_k_context
 
 WINDOW_MESSAGES = 7  # the fake server refuses longer requests (the last step has 8 messages)
@@ -126,3 +134,28 @@ def test_model_action():
         ["YAX4DR"],
     )
     assert model_action({"content": "<tool_call>{not json</tool_call>"})[0] is None
+
+
+def test_a_context_budget_per_kind_rides_on_every_request_of_that_kind():
+    seen = []
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/chat/completions":
+            seen.append(request.headers.get("x-pamer-context-budget"))
+        return await FakeServer().handle(request)
+
+    settings = ReplaySettings(url="http://fake", max_tokens=8, kv_interval_s=0.01, progress=False)
+    for budgets, want in (({"swe": 4096}, "4096"), ({"tau": 3000}, None), (None, None)):
+        seen.clear()
+
+        async def go(budgets=budgets):
+            async with httpx.AsyncClient(transport=httpx.MockTransport(handle)) as client:
+                chosen = dataclasses.replace(settings, context_budget=budgets)
+                return await replay_policy(client, chosen, "fake-model", "none", plan_replay([SWE]))
+
+        asyncio.run(go())
+        assert seen and set(seen) == {want}, (budgets, seen)
+    assert parse_budgets("tau=3000, swe=4096") == {"tau": 3000, "swe": 4096}
+    for bad in ("tau=0", "web=10", "swe:4096", "swe=x"):
+        with pytest.raises(ValueError, match="KIND=TOKENS"):
+            parse_budgets(bad)

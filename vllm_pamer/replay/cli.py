@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 RUN_OPTIONS = (
     "data",
     "split",
+    "context_budget",
     "limit_trajectories",
     "max_steps",
     "group_size",
@@ -107,6 +108,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="empty the server's prefix cache before each policy (server started with "
         "VLLM_SERVER_DEV_MODE=1, as --serve starts it), so prefill figures compare across policies",
+    )
+    parser.add_argument(
+        "--context-budget",
+        default=None,
+        metavar="KIND=TOKENS,...",
+        help="the context budget every request of a kind sets (X-Pamer-Context-Budget), e.g. tau=3000,swe=4096",
     )
     parser.add_argument("--no-progress", action="store_true")
 
@@ -180,8 +187,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not policies:
         parser.error("--policies is empty")
 
-    from vllm_pamer.replay.client import ReplaySettings, plan_replay
+    from vllm_pamer.replay.client import ReplaySettings, parse_budgets, plan_replay
 
+    try:
+        budgets = parse_budgets(args.context_budget) if args.context_budget else None
+    except ValueError as exc:
+        parser.error(str(exc))
     settings = ReplaySettings(
         url=args.url,
         max_tokens=args.max_tokens,
@@ -190,6 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         model=args.model,
         progress=not args.no_progress,
         reset_prefix_cache=args.reset_prefix_cache,
+        context_budget=budgets,
     )
     plans = plan_replay(tqdm(trajectories, desc="evidence", unit="traj", disable=args.no_progress), args.max_steps)
     if args.group_size is not None:

@@ -103,6 +103,22 @@ class ReplaySettings:
     """Empty vLLM's prefix cache before each policy (``POST /reset_prefix_cache``,
     served when the server runs with ``VLLM_SERVER_DEV_MODE=1``), so no policy
     reuses the prefixes an earlier one computed: prefill figures compare."""
+    context_budget: Mapping[str, int] | None = None
+    """Per trajectory kind (``tau``, ``swe``), the context budget every request
+    of that kind sets (``X-Pamer-Context-Budget``), so every policy with a
+    budget runs at the same one; None: each policy's own."""
+
+
+def parse_budgets(text: str) -> dict[str, int]:
+    """``tau=3000,swe=4096`` -> ``{"tau": 3000, "swe": 4096}`` (the
+    ``--context-budget`` flag); raises ValueError for another kind or a bad number."""
+    budgets: dict[str, int] = {}
+    for item in (part.strip() for part in text.split(",") if part.strip()):
+        kind, _, tokens = item.partition("=")
+        if kind not in ("tau", "swe") or not tokens.isdigit() or int(tokens) <= 0:
+            raise ValueError(f"--context-budget takes KIND=TOKENS for tau and swe, not {item!r}")
+        budgets[kind] = int(tokens)
+    return budgets
 
 
 def model_action(message: Mapping[str, Any]) -> tuple[str | None, str | None, str, list[str]]:
@@ -184,6 +200,8 @@ async def send_step(
     if plan.tools:
         body["tools"] = plan.tools
     headers = {"X-Session-ID": session_id, "X-Pamer-Policy": policy, "X-Pamer-Echo": "1"}
+    if settings.context_budget and plan.kind in settings.context_budget:
+        headers["X-Pamer-Context-Budget"] = str(settings.context_budget[plan.kind])
     record = StepRecord(
         policy=policy,
         trajectory_id=plan.trajectory_id,
