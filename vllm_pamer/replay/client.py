@@ -36,6 +36,8 @@ from vllm_pamer.replay.evidence import (
     context_chars,
     evidence_messages,
     needed_values,
+    needs,
+    readings,
     trajectory_kind,
 )
 from vllm_pamer.replay.records import RunSummary, StepRecord
@@ -56,6 +58,8 @@ class ReplayStep(msgspec.Struct, frozen=True):
     history: list[Message]
     needed: list[str]
     chars_original: int
+    needs: list[str] = []
+    """By the one rule (``evidence.needs``)."""
 
 
 class TrajectoryPlan(msgspec.Struct, frozen=True):
@@ -80,7 +84,8 @@ def plan_replay(trajectories: Iterable[Mapping[str, Any]], max_steps: int | None
             if max_steps is not None and step >= max_steps:
                 break
             needed = sorted(needed_values(history, messages[i], kind))
-            steps.append(ReplayStep(step, i, list(history), needed, context_chars(history)))
+            wanted = sorted(needs(history, messages[i], kind))
+            steps.append(ReplayStep(step, i, list(history), needed, context_chars(history), wanted))
         plans.append(
             TrajectoryPlan(
                 str(trajectory.get("id", len(plans))), kind, trajectory.get("tools"), steps, trajectory_key(trajectory)
@@ -213,6 +218,7 @@ async def send_step(
         status="ok",
         latency_s=0.0,
         needed=len(step.needed),
+        needs=len(step.needs),
         chars_original=step.chars_original,
     )
     started = time.perf_counter()
@@ -246,6 +252,7 @@ async def send_step(
     if sent is not None:
         record.available = available_count(step.needed, evidence_messages(sent, step.history, plan.kind))
         record.availability = record.available / record.needed if record.needed else None
+        record.readable, record.observed = readings(step.needs, sent, step.history)
         record.chars_sent = context_chars(sent)
         record.chars_share = record.chars_sent / step.chars_original if step.chars_original else None
     return record

@@ -23,6 +23,22 @@ Pure Python (no network, no vLLM). For a decision point of a trajectory
 * ``chars_share(rewritten, original)``: characters of the rewritten context
   over those of the original (``context_chars``).
 
+**One rule for every side** (``needs``, ``readings``; issue 31). The rule
+above is one-sided: what a policy inserts counts, the record's copies of the
+agent's own calls included, while the same calls in raw assistant messages
+never do. The fair readings apply one rule to every policy and to recency:
+
+* the **needs** of a request are the values its recorded action uses that an
+  observation after the prefix holds (a tool result or a user turn,
+  ``OBSERVATION_ROLES``) and the prefix does not (every policy sends the
+  prefix, so none can lose those);
+* **readable**: a need counts when it occurs in any message sent after the
+  prefix, the agent's own messages, raw observations and inserted text alike;
+* **observed**: a need counts only in text that carries an observation: raw
+  tool and user messages, and inserted text (not the agent's own role) with
+  the record's copies of the agent's calls and words dropped
+  (``record.without_echoes``).
+
 ``recency_frontier`` computes these for ``recent_k`` (prefix + last k blocks,
 as the server's policy sends) directly on trajectories, pooled over every
 decision point (``vllm-pamer replay --frontier`` prints it). ``recency_at``
@@ -38,11 +54,12 @@ import math
 import re
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import msgspec
 
 from vllm_pamer.core.blocks import Message, split_conversation
+from vllm_pamer.core.policies.pamer.record import without_echoes
 from vllm_pamer.salient import (
     PYTHON_BUILTINS,
     STOPLIST,
@@ -119,6 +136,53 @@ def _key(message: Message) -> str:
     return json.dumps(message, sort_keys=True, default=str)
 
 
+OBSERVATION_ROLES = frozenset({"user", "tool", "function"})
+"""The roles of the messages that carry an observation: what a tool returned,
+what the user said (the one rule: the same for every source and every side)."""
+
+
+def prefix_length(history: Sequence[Message]) -> int:
+    """Messages of the prefix P (system messages and the task), which every policy sends first."""
+    return len(split_conversation(history).prefix)
+
+
+def needs(history: Sequence[Message], action: Mapping[str, Any], kind: Kind) -> set[str]:
+    """The values ``action`` uses that an observation of ``history`` after the
+    prefix holds and the prefix does not: what a policy can lose."""
+    p = prefix_length(history)
+    prefix = context_text(history[:p])
+    texts = [message_text(m) for m in history[p:] if m.get("role") in OBSERVATION_ROLES]
+    return {v for v in used_values(action, kind) if not occurs(v, prefix) and any(occurs(v, t) for t in texts)}
+
+
+class Readings(NamedTuple):
+    """How many of a request's needs the context a policy sent holds, by the one rule."""
+
+    readable: int
+    """Needs that occur anywhere after the prefix."""
+    observed: int
+    """Needs that occur in observation text after the prefix (no copy of the agent's own calls and words)."""
+
+
+def readings(wanted: Iterable[str], sent: Sequence[Message], history: Sequence[Message]) -> Readings:
+    """``wanted`` (a request's ``needs``) read in ``sent``, what a policy sent
+    for ``history``: the messages after the prefix; a message not in the
+    history is the policy's (inserted)."""
+    after = list(sent[prefix_length(history) :])
+    raw = {_key(m) for m in history}
+    observed: list[str] = []
+    for message in after:
+        role = message.get("role")
+        if _key(message) in raw:
+            if role in OBSERVATION_ROLES:
+                observed.append(message_text(message))
+        elif role != "assistant":  # inserted text, the record's echoes of the agent dropped
+            observed.append(without_echoes(message_text(message)))
+    anywhere, seen = context_text(after), "\n".join(observed)
+    values = list(wanted)
+    return Readings(sum(occurs(v, anywhere) for v in values), sum(occurs(v, seen) for v in values))
+
+
 def evidence_messages(rewritten: Sequence[Message], original: Sequence[Message], kind: Kind) -> list[Message]:
     """The messages of ``rewritten`` that count as evidence: those with an
     evidence role, and those the policy inserted (not in ``original``)."""
@@ -151,12 +215,18 @@ def recent_k_context(history: Sequence[Message], k: int) -> list[Message]:
     return list(conversation.prefix) + [m for block in recent for m in block.messages]
 
 
+Reading = Literal["one_sided", "readable", "observed"]
+"""Which evidence figure: the one-sided rule's (``availability``), or one of the one rule's readings."""
+
+
 class FrontierPoint(msgspec.Struct, frozen=True):
     """recent_k over a set of trajectories, pooled over their decision points:
     ``availability`` = needed values still in an evidence message / needed
-    values; ``readable`` = the same counted anywhere in the context (the
-    agent's own messages too); ``chars_share`` = characters sent / characters
-    of the full histories."""
+    values (the one-sided rule); ``readable`` = the same counted anywhere in
+    the context (the agent's own messages too); ``chars_share`` = characters
+    sent / characters of the full histories. By the one rule (``needs``):
+    ``needs`` in all, the share of them readable (``needs_readable``) and
+    observed (``needs_observed``) after the prefix."""
 
     k: int
     points: int
@@ -165,6 +235,15 @@ class FrontierPoint(msgspec.Struct, frozen=True):
     availability: float
     readable: float
     chars_share: float
+    needs: int = 0
+    needs_readable: float = float("nan")
+    needs_observed: float = float("nan")
+
+    def share(self, reading: Reading) -> float:
+        """The evidence share of ``reading``."""
+        return {"one_sided": self.availability, "readable": self.needs_readable, "observed": self.needs_observed}[
+            reading
+        ]
 
 
 def recency_frontier(
@@ -184,8 +263,10 @@ def recency_frontier(
     (the tests check both agree)."""
     kept = dict.fromkeys(ks, 0)
     readable = dict.fromkeys(ks, 0)
+    fair_readable = dict.fromkeys(ks, 0)
+    fair_observed = dict.fromkeys(ks, 0)
     sent_chars = dict.fromkeys(ks, 0)
-    points = with_needs = needed_total = all_chars = 0
+    points = with_needs = needed_total = all_chars = needs_total = 0
     for trajectory in trajectories:
         limit: int | None = max_steps if not isinstance(max_steps, Mapping) else None
         if isinstance(max_steps, Mapping):  # by trajectories.trajectory_key (or, in old records, by id)
@@ -197,6 +278,7 @@ def recency_frontier(
         messages = trajectory["messages"]
         texts = [message_text(m) for m in messages]
         is_evidence = [m.get("role") in roles for m in messages]
+        is_observation = [m.get("role") in OBSERVATION_ROLES for m in messages]
         chars_before = [0]
         for text in texts:
             chars_before.append(chars_before[-1] + len(text))
@@ -225,6 +307,13 @@ def recency_frontier(
             with_needs += bool(needed)
             n_blocks = bisect_left(starts, i)  # blocks of the history messages[:i]
             prefix = min(prefix_end, i)
+            # the one rule: observed after the prefix, absent from it
+            fair = [
+                w
+                for w in used
+                if not any(j < prefix for j in w) and any(prefix <= j < i and is_observation[j] for j in w)
+            ]
+            needs_total += len(fair)
             for k in ks:
                 cut = starts[n_blocks - k] if n_blocks > k else prefix  # first kept block
                 sent_chars[k] += chars_before[prefix] + chars_before[i] - chars_before[cut]
@@ -232,6 +321,10 @@ def recency_frontier(
                     in_context = [j for j in w if j < prefix or cut <= j < i]
                     readable[k] += bool(in_context)
                     kept[k] += any(is_evidence[j] for j in in_context)
+                for w in fair:
+                    after = [j for j in w if cut <= j < i]
+                    fair_readable[k] += bool(after)
+                    fair_observed[k] += any(is_observation[j] for j in after)
     nan = float("nan")
     return [
         FrontierPoint(
@@ -242,22 +335,26 @@ def recency_frontier(
             availability=kept[k] / needed_total if needed_total else nan,
             readable=readable[k] / needed_total if needed_total else nan,
             chars_share=sent_chars[k] / all_chars if all_chars else nan,
+            needs=needs_total,
+            needs_readable=fair_readable[k] / needs_total if needs_total else nan,
+            needs_observed=fair_observed[k] / needs_total if needs_total else nan,
         )
         for k in ks
     ]
 
 
-def recency_curve(points: Sequence[FrontierPoint]) -> list[tuple[float, float]]:
-    """The frontier as (chars share, evidence availability) pairs, by chars
-    share, without points that measured nothing."""
-    return sorted({(p.chars_share, p.availability) for p in points if not math.isnan(p.chars_share)})
+def recency_curve(points: Sequence[FrontierPoint], reading: Reading = "one_sided") -> list[tuple[float, float]]:
+    """The frontier as (chars share, evidence share of ``reading``) pairs, by
+    chars share, without points that measured nothing."""
+    pairs = {(p.chars_share, p.share(reading)) for p in points}
+    return sorted((x, y) for x, y in pairs if not math.isnan(x) and not math.isnan(y))
 
 
-def recency_at(points: Sequence[FrontierPoint], chars_share: float) -> float | None:
-    """The evidence availability ``recent_k`` keeps at this character share,
-    linear between the neighbouring k of ``points`` (which grow with k). None
-    below the smallest k's share, where recency has no point to compare."""
-    curve = recency_curve(points)
+def recency_at(points: Sequence[FrontierPoint], chars_share: float, reading: Reading = "one_sided") -> float | None:
+    """The evidence share (of ``reading``) ``recent_k`` keeps at this character
+    share, linear between the neighbouring k of ``points`` (which grow with k).
+    None below the smallest k's share, where recency has no point to compare."""
+    curve = recency_curve(points, reading)
     if not curve or chars_share < curve[0][0]:
         return None
     for (x0, y0), (x1, y1) in itertools.pairwise(curve):
@@ -268,13 +365,13 @@ def recency_at(points: Sequence[FrontierPoint], chars_share: float) -> float | N
 
 def format_frontier(points: Sequence[FrontierPoint]) -> str:
     lines = [
-        "| policy | decision points | with needs | needed values | evidence availability | readable anywhere | "
-        "chars share |",
-        "|---|---|---|---|---|---|---|",
+        "| policy | decision points | with needs | needed values (one-sided) | evidence availability (one-sided) "
+        "| readable anywhere (one-sided) | needs (one rule) | readable | observed | chars share |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in points:
         lines.append(
             f"| recent_{p.k} | {p.points} | {p.points_with_needs} | {p.needed} | {p.availability:.1%} | "
-            f"{p.readable:.1%} | {p.chars_share:.1%} |"
+            f"{p.readable:.1%} | {p.needs} | {p.needs_readable:.1%} | {p.needs_observed:.1%} | {p.chars_share:.1%} |"
         )
     return "\n".join(lines)

@@ -57,6 +57,12 @@ class StepRecord(msgspec.Struct, kw_only=True):
     """Of those, how many an evidence message of ``messages_sent`` holds (None: nothing echoed)."""
     availability: float | None = None
     """``available / needed``; None when nothing is needed or nothing was echoed."""
+    needs: int = 0
+    """The recorded next action's needs by the one rule (``evidence.needs``)."""
+    readable: int | None = None
+    """Of those, how many occur anywhere after the prefix of ``messages_sent`` (None: nothing echoed)."""
+    observed: int | None = None
+    """Of those, how many occur in its observation text (``evidence.readings``; None: nothing echoed)."""
     chars_original: int = 0
     chars_sent: int | None = None
     chars_share: float | None = None
@@ -102,8 +108,23 @@ class PolicyRow(msgspec.Struct, kw_only=True):
     """Prefix-cached tokens those compactions made the engine compute again
     (the ``schedule`` report; 0 for policies without one)."""
     evidence_availability: float | None = None
+    """The one-sided rule's share (``evidence.evidence_messages``)."""
     chars_share: float | None = None
     over_recency: float | None = None
+    """The one-sided share minus recency's at the same chars share."""
+    needs: int = 0
+    """Needs by the one rule over every request (refused ones included)."""
+    readable: float | None = None
+    """Share of the needs readable after the prefix (a refused request reads none)."""
+    observed: float | None = None
+    """Share of the needs in observation text after the prefix (a refused request observes none)."""
+    readable_over_recency: float | None = None
+    observed_over_recency: float | None = None
+    common: int = 0
+    """Requests every policy of the report answered (and echoed)."""
+    readable_common: float | None = None
+    """``readable`` on those requests only (no refusal in it)."""
+    observed_common: float | None = None
     agree_tool: float | None = None
     agree_args: float | None = None
     cache_hits: float | None = None

@@ -54,7 +54,7 @@ from typing import Any
 import msgspec
 
 from vllm_pamer.replay import prometheus
-from vllm_pamer.replay.evidence import FrontierPoint, recency_at, recency_frontier
+from vllm_pamer.replay.evidence import FrontierPoint, Reading, recency_at, recency_frontier
 from vllm_pamer.replay.plots import plot_all
 from vllm_pamer.replay.records import PolicyRow, RunSummary, StepRecord, write_records, write_runs
 
@@ -152,6 +152,10 @@ def policy_row(
     row.evidence_availability = _ratio(
         sum(r.available or 0 for r in echoed), sum(r.needed for r in echoed) + sum(r.needed for r in refused)
     )
+    read = [r for r in ok if r.readable is not None]  # echoed, and read by the one rule
+    row.needs = sum(r.needs for r in read) + sum(r.needs for r in refused)
+    row.readable = _ratio(sum(r.readable or 0 for r in read), row.needs)
+    row.observed = _ratio(sum(r.observed or 0 for r in read), row.needs)
     shared = [r for r in ok if r.chars_sent is not None]
     row.chars_share = _ratio(sum(r.chars_sent or 0 for r in shared), sum(r.chars_original for r in shared))
 
@@ -217,11 +221,11 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def markdown_table(rows: Sequence[PolicyRow]) -> str:
-    lines = ["| " + " | ".join(title for _, title, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+def markdown_table(rows: Sequence[PolicyRow], columns: Sequence[tuple[str, str, str]] = COLUMNS) -> str:
+    lines = ["| " + " | ".join(title for _, title, _ in columns) + " |", "|" + "---|" * len(columns)]
     for row in rows:
         cells = [
-            str(getattr(row, field)) if kind == "str" else fmt(getattr(row, field), kind) for field, _, kind in COLUMNS
+            str(getattr(row, field)) if kind == "str" else fmt(getattr(row, field), kind) for field, _, kind in columns
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -244,12 +248,52 @@ def replayed_frontier(records: Sequence[StepRecord], trajectories: Sequence[Mapp
 
 
 def add_over_recency(rows: Sequence[PolicyRow], frontier: Sequence[FrontierPoint]) -> None:
-    """Fill each row's ``over_recency`` from the frontier of the same requests."""
+    """Fill each row's leads over recency (one-sided, readable, observed) from
+    the frontier of the same requests, at the row's chars share."""
+
+    def lead(share: float | None, chars: float, reading: Reading) -> float | None:
+        recency = recency_at(frontier, chars, reading) if share is not None else None
+        return None if recency is None or share is None else share - recency
+
     for row in rows:
-        if row.evidence_availability is None or row.chars_share is None:
+        if row.chars_share is None:
             continue
-        recency = recency_at(frontier, row.chars_share)
-        row.over_recency = None if recency is None else row.evidence_availability - recency
+        row.over_recency = lead(row.evidence_availability, row.chars_share, "one_sided")
+        row.readable_over_recency = lead(row.readable, row.chars_share, "readable")
+        row.observed_over_recency = lead(row.observed, row.chars_share, "observed")
+
+
+def add_common(rows: Sequence[PolicyRow], records: Sequence[StepRecord]) -> None:
+    """Each row's readings on the requests every policy of ``rows`` answered
+    with an echo (so a refusal elsewhere weighs on no policy)."""
+    answered: dict[str, set[tuple[str, int]]] = defaultdict(set)
+    for r in records:
+        if r.status == "ok" and r.readable is not None:
+            answered[r.policy].add((key_of(r), r.step))
+    sets = [answered.get(row.policy, set()) for row in rows]
+    common = set.intersection(*sets) if sets else set()
+    for row in rows:
+        mine = [r for r in records if r.policy == row.policy and (key_of(r), r.step) in common]
+        wanted = sum(r.needs for r in mine)
+        row.common = len(common)
+        row.readable_common = _ratio(sum(r.readable or 0 for r in mine), wanted)
+        row.observed_common = _ratio(sum(r.observed or 0 for r in mine), wanted)
+
+
+EVIDENCE_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("policy", "policy", "str"),
+    ("needs", "needs", "num"),
+    ("beyond_window", "refused", "num"),
+    ("readable", "readable", "pct"),
+    ("observed", "observed", "pct"),
+    ("chars_share", "chars share", "pct"),
+    ("readable_over_recency", "readable over recency", "pts"),
+    ("observed_over_recency", "observed over recency", "pts"),
+    ("common", "common requests", "num"),
+    ("readable_common", "readable, common", "pct"),
+    ("observed_common", "observed, common", "pct"),
+)
+"""The evidence table: the one rule for every side (``evidence.needs``, ``readings``)."""
 
 
 NOTES = """\
@@ -266,6 +310,26 @@ after another on one server: unless the prefix cache is emptied before each
 (`--reset-prefix-cache`, as benchmarks/policies.py does), a later run may
 reuse prefix-cache blocks of an earlier one (prefill computed).
 """
+
+
+EVIDENCE_NOTES = """\
+The table above reads evidence by a one-sided rule (evidence availability,
+over recency): text a policy inserts counts, the record's copies of the
+agent's own calls included, while the same calls in raw assistant messages
+never count. The table below reads it by one rule for every policy and for
+recency (replay/evidence.py): the needs of a request are the values its
+recorded action uses that an observation after the prefix (a tool result, a
+user turn) holds and the prefix does not; readable counts a need anywhere
+after the prefix; observed only in observation text (raw tool and user
+messages, and inserted text without the record's copies of the agent's calls
+and words). Over recency: at the same chars share on the same requests.
+Common: the requests every policy here answered; a refused request reads
+nothing in the other columns.
+"""
+
+
+def evidence_table(rows: Sequence[PolicyRow]) -> str:
+    return markdown_table(rows, EVIDENCE_COLUMNS)
 
 
 KIND_TITLES = {"tau": "tau-bench", "swe": "mini-swe"}
@@ -295,6 +359,7 @@ def write_report(
         rows = summarize(some_records, some_runs)
         frontier = replayed_frontier(some_records, trajectories) if trajectories is not None else []
         add_over_recency(rows, frontier)
+        add_common(rows, some_records)
         return rows, frontier
 
     rows, frontier = rows_and_frontier(records, runs)
@@ -302,7 +367,7 @@ def write_report(
         write_records(out / records_name, list(records))
         write_runs(out / "runs.json", list(runs))
     (out / "summary.json").write_text(json.dumps(msgspec.to_builtins(rows), indent=2) + "\n")
-    parts = [f"# {title}\n", preface, markdown_table(rows) + "\n", NOTES]
+    parts = [f"# {title}\n", preface, markdown_table(rows) + "\n", NOTES, EVIDENCE_NOTES, evidence_table(rows) + "\n"]
     kinds = sorted({run.kind for run in runs if run.kind})
     if len(kinds) > 1:
         for kind in kinds:
@@ -310,7 +375,7 @@ def write_report(
             kind_records = [r for r in records if r.kind == kind]
             name = KIND_TITLES.get(kind, kind)
             kind_rows, kind_frontier = rows_and_frontier(kind_records, kind_runs)
-            parts.append(f"\n## {name}\n\n{markdown_table(kind_rows)}\n")
+            parts.append(f"\n## {name}\n\n{markdown_table(kind_rows)}\n\n{evidence_table(kind_rows)}\n")
             parts += plot_all(out, kind_records, kind_rows, kind_frontier, f"_{kind}", name)
     else:
         parts += plot_all(out, records, rows, frontier)

@@ -66,6 +66,13 @@ GAP = " [...] "
 LINE_CHARS_MIN = 80
 """Characters a call or user turn keeps, at the least, when the newest step alone is too long."""
 
+ECHO_MARKS = ("called ", "agent: ")
+"""How the record's items that copy the agent's own calls and words begin
+(after a step's two-space indent); an evaluation that credits only what the
+agent observed drops them (``without_echoes``)."""
+ITEM_MARKS = (*ECHO_MARKS, "user: ", "result: ")
+"""Every item of a step; an item runs until the next item or step."""
+
 
 class _Step:
     """One archived block: the agent's words, its calls, the user's turns, its results."""
@@ -193,3 +200,21 @@ def step_record(blocks: Sequence[Block], current: Sequence[Block], budget_chars:
             if size() > budget_chars:
                 step.excerpt = previous
     return "\n".join([RECORD_HEADER] + ([note()] if omitted else []) + [s.render() for s in steps])
+
+
+def without_echoes(text: str) -> str:
+    """``text`` (a memory message, say) without the record's items that copy
+    the agent's own calls and words: each runs from its line ``  called ...``
+    or ``  agent: ...`` up to the next item (``  user: ``, ``  result: ``,
+    another echo), step, record, memory or empty line. Everything else stays,
+    the summary included."""
+    kept: list[str] = []
+    echo = False
+    for line in text.split("\n"):
+        if line.startswith("  ") and line[2:].startswith(ITEM_MARKS):
+            echo = line[2:].startswith(ECHO_MARKS)
+        elif not line.strip() or line.startswith(("step ", "[memory ", RECORD_HEADER)):
+            echo = False
+        if not echo:
+            kept.append(line)
+    return "\n".join(kept)
