@@ -35,10 +35,13 @@ from vllm_pamer.core.policies import HeadVote, PolicyContext, create_policy
 from vllm_pamer.core.policies.pamer.budget_schedule import BudgetSchedule
 from vllm_pamer.core.tokens import TokenCounter
 from vllm_pamer.replay.evidence import (
+    Reading,
     available_count,
     context_chars,
     evidence_messages,
     needed_values,
+    needs,
+    readings,
     recency_at,
     recency_frontier,
     trajectory_kind,
@@ -149,6 +152,7 @@ def simulate(
         context = PolicyContext(SqliteStore(Path(tmp) / "memory.sqlite3"), engine)
         votes = random.Random(settings.seed)
         needed = available = chars_in = chars_out = compactions = refused = prefill = fallbacks = 0
+        wanted = readable = observed = 0  # the one rule (evidence.needs, evidence.readings)
         steps = [_steps(t, settings.max_steps) for t in trajectories]
         now = [0.0]  # modelled seconds: each round of requests takes --round-s (kv_share's idle time)
         schedule = getattr(policy, "schedule", None)
@@ -182,6 +186,8 @@ def simulate(
                     sent = out.messages
                     values = needed_values(history, trajectory["messages"][index], kind)
                     needed += len(values)
+                    fair = needs(history, trajectory["messages"][index], kind)
+                    wanted += len(fair)
                     chars_in += context_chars(history)
                     tokens = counter.request(sent)
                     if tokens >= settings.window:
@@ -194,10 +200,18 @@ def simulate(
                     prefill += tokens - (min(cached, tokens - 1) // settings.block) * settings.block
                     previous[n] = sent
                     available += available_count(values, evidence_messages(sent, history, kind))
+                    read = readings(fair, sent, history)
+                    readable, observed = readable + read.readable, observed + read.observed
                     chars_out += context_chars(sent)
     share = chars_out / chars_in if chars_in else 0.0
-    recency = recency_at(recency_frontier(trajectories, range(1, 40), settings.max_steps or None), share)
+    frontier = recency_frontier(trajectories, range(1, 40), settings.max_steps or None)
     evidence = available / needed if needed else 0.0
+
+    def lead(value: float, reading: Reading) -> float | None:
+        recency = recency_at(frontier, share, reading)
+        return round(100 * (value - recency), 1) if recency is not None else None
+
+    fair_readable, fair_observed = (readable / wanted, observed / wanted) if wanted else (0.0, 0.0)
     return {
         "prefill": prefill + engine.summary_prefill,
         "summary_prefill": engine.summary_prefill,
@@ -206,5 +220,9 @@ def simulate(
         "fallbacks": fallbacks,
         "evidence": round(evidence, 3),
         "chars_share": round(share, 3),
-        "over_recency_pt": round(100 * (evidence - recency), 1) if recency is not None else None,
+        "over_recency_pt": lead(evidence, "one_sided"),  # the one-sided rule
+        "readable": round(fair_readable, 3),
+        "readable_over_recency_pt": lead(fair_readable, "readable"),
+        "observed": round(fair_observed, 3),
+        "observed_over_recency_pt": lead(fair_observed, "observed"),
     }
