@@ -5,6 +5,7 @@ measured figures come from ``benchmarks/policies.py`` (benchmarks/RESULTS.md
 compares the two).
 
     .venv/bin/python -m benchmarks.schedule_sim --kind swe --n 8 --max-steps 30
+    .venv/bin/python -m benchmarks.schedule_sim --kind swe --split tuning --pool 33 --n 33  # choose on tuning
     .venv/bin/python -m benchmarks.schedule_sim --kind swe --offset 16 --pool 32 --n 32  # off the run's own
     .venv/bin/python -m benchmarks.schedule_sim --kind tau --n 12 --policies none,recent_k,pamer \\
         --options '{"pamer": {"target_share": 0.5, "band_share": 0.25}}'
@@ -22,7 +23,7 @@ from vllm_pamer.core.tokens import TokenCounter
 from vllm_pamer.default_model import ensure_default_model
 from vllm_pamer.replay.schedule_model import ModelSettings, simulate
 from vllm_pamer.replay.variants import policy_options
-from vllm_pamer.trajectories import load_trajectories
+from vllm_pamer.trajectories import in_split, load_trajectories
 
 
 def main() -> None:
@@ -37,6 +38,12 @@ def main() -> None:
         type=int,
         default=0,
         help="skip the first N trajectories (16: settings chosen off the benchmark's own)",
+    )
+    parser.add_argument(
+        "--split",
+        choices=("tuning", "evaluation"),
+        default=None,
+        help="only the trajectories of this split (vllm_pamer/data/splits.json; default: all): choose on tuning",
     )
     parser.add_argument("--max-steps", type=int, default=30, help="first N requests of each trajectory (0: all)")
     parser.add_argument("--policies", default="recent_k,pamer")
@@ -63,7 +70,7 @@ def main() -> None:
 
     counter = TokenCounter(AutoTokenizer.from_pretrained(str(ensure_default_model(quiet=True))), render_tools_as_text)
     name = "tau_airline" if args.kind == "tau" else "mini_swe"
-    loaded = load_trajectories(DATA / f"{name}.jsonl.gz")
+    loaded = in_split(load_trajectories(DATA / f"{name}.jsonl.gz"), args.split)
     loaded = loaded[args.offset :]
     pool = loaded[: args.pool] if args.kind == "swe" else loaded
     trajectories = random.Random(args.seed).sample(pool, len(pool))[: args.n]
