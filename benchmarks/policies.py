@@ -61,6 +61,7 @@ RUN_OPTIONS = (
     "kv_cache_gib",
     "split",
     "context_budget",
+    "likelihood",
 )
 """What a resumed run must repeat (settings.json)."""
 
@@ -124,6 +125,12 @@ def main() -> None:
         metavar="KIND=TOKENS,...",
         help="the context budget every request of a kind sets (X-Pamer-Context-Budget), e.g. tau=3000,swe=4096: "
         "every policy with a budget at the same one (default: each policy's own)",
+    )
+    parser.add_argument(
+        "--likelihood",
+        action="store_true",
+        help="after each policy's run, score each answered request's recorded next action given what was sent "
+        "(teacher forced; a full prefill a request)",
     )
     parser.add_argument("--group-size", type=int, default=4, help="trajectories per group (default %(default)s)")
     parser.add_argument("--swe-group-size", type=int, default=None, help="for mini-swe (default: --group-size)")
@@ -190,7 +197,11 @@ def main() -> None:
     except ValueError as exc:
         sys.exit(str(exc))
     replay = ReplaySettings(
-        max_tokens=args.max_tokens, concurrency=args.concurrency, reset_prefix_cache=True, context_budget=budgets
+        max_tokens=args.max_tokens,
+        concurrency=args.concurrency,
+        reset_prefix_cache=True,
+        context_budget=budgets,
+        likelihood=args.likelihood,
     )
     rerun = [p for p in args.rerun.split(",") if p]
     commits = sit(run, replay, own_server, args.stop_after_min, rerun, args.report_only)

@@ -38,6 +38,7 @@ RUN_OPTIONS = (
     "data",
     "split",
     "context_budget",
+    "likelihood",
     "limit_trajectories",
     "max_steps",
     "group_size",
@@ -114,6 +115,12 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         metavar="KIND=TOKENS,...",
         help="the context budget every request of a kind sets (X-Pamer-Context-Budget), e.g. tau=3000,swe=4096",
+    )
+    parser.add_argument(
+        "--likelihood",
+        action="store_true",
+        help="after each policy's run, score each answered request's recorded next action given what the policy "
+        "sent (teacher forced through the server's prompt log-probabilities; a full prefill a request)",
     )
     parser.add_argument("--no-progress", action="store_true")
 
@@ -202,6 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         progress=not args.no_progress,
         reset_prefix_cache=args.reset_prefix_cache,
         context_budget=budgets,
+        likelihood=args.likelihood,
     )
     plans = plan_replay(tqdm(trajectories, desc="evidence", unit="traj", disable=args.no_progress), args.max_steps)
     if args.group_size is not None:

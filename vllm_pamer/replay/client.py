@@ -60,6 +60,8 @@ class ReplayStep(msgspec.Struct, frozen=True):
     chars_original: int
     needs: list[str] = []
     """By the one rule (``evidence.needs``)."""
+    action: dict[str, Any] = msgspec.field(default_factory=dict)
+    """The recorded next action (``messages[message_index]``), for its likelihood."""
 
 
 class TrajectoryPlan(msgspec.Struct, frozen=True):
@@ -85,7 +87,7 @@ def plan_replay(trajectories: Iterable[Mapping[str, Any]], max_steps: int | None
                 break
             needed = sorted(needed_values(history, messages[i], kind))
             wanted = sorted(needs(history, messages[i], kind))
-            steps.append(ReplayStep(step, i, list(history), needed, context_chars(history), wanted))
+            steps.append(ReplayStep(step, i, list(history), needed, context_chars(history), wanted, dict(messages[i])))
         plans.append(
             TrajectoryPlan(
                 str(trajectory.get("id", len(plans))), kind, trajectory.get("tools"), steps, trajectory_key(trajectory)
@@ -112,6 +114,11 @@ class ReplaySettings:
     """Per trajectory kind (``tau``, ``swe``), the context budget every request
     of that kind sets (``X-Pamer-Context-Budget``), so every policy with a
     budget runs at the same one; None: each policy's own."""
+    likelihood: bool = False
+    """After a policy's run (its metrics already read), score each answered
+    request's recorded next action given what the policy sent
+    (``action_likelihood``): a full prefill per request, since vLLM reads no
+    prefix cache for prompt log-probabilities."""
 
 
 def parse_budgets(text: str) -> dict[str, int]:
@@ -186,6 +193,16 @@ def _error_message(response: httpx.Response) -> str:
         return response.text[:2000]
 
 
+class _Scored(msgspec.Struct):
+    """What the likelihood pass needs of an answered request."""
+
+    record: StepRecord
+    plan: TrajectoryPlan
+    step: ReplayStep
+    sent: list[Message]
+    prompt_ids: list[int]
+
+
 async def send_step(
     client: httpx.AsyncClient,
     settings: ReplaySettings,
@@ -194,8 +211,11 @@ async def send_step(
     session_id: str,
     plan: TrajectoryPlan,
     step: ReplayStep,
+    keep: list[_Scored] | None = None,
 ) -> StepRecord:
-    """One request; errors become records (a prompt over the window is ``beyond_window``)."""
+    """One request; errors become records (a prompt over the window is
+    ``beyond_window``). ``keep``: where an answered request is kept for the
+    likelihood pass."""
     body: dict[str, Any] = {
         "model": model,
         "messages": step.history,
@@ -204,6 +224,8 @@ async def send_step(
     }
     if plan.tools:
         body["tools"] = plan.tools
+    if keep is not None:
+        body["return_token_ids"] = True  # the likelihood pass checks its prompt starts with these
     headers = {"X-Session-ID": session_id, "X-Pamer-Policy": policy, "X-Pamer-Echo": "1"}
     if settings.context_budget and plan.kind in settings.context_budget:
         headers["X-Pamer-Context-Budget"] = str(settings.context_budget[plan.kind])
@@ -255,7 +277,56 @@ async def send_step(
         record.readable, record.observed = readings(step.needs, sent, step.history)
         record.chars_sent = context_chars(sent)
         record.chars_share = record.chars_sent / step.chars_original if step.chars_original else None
+        prompt_ids = data.get("prompt_token_ids")
+        if keep is not None and isinstance(prompt_ids, list) and step.action:
+            keep.append(_Scored(record, plan, step, sent, prompt_ids))
     return record
+
+
+async def action_likelihood(
+    client: httpx.AsyncClient, settings: ReplaySettings, model: str, scored: _Scored
+) -> tuple[float, int] | None:
+    """The recorded next action's mean log-probability per token given what
+    the policy sent, and its token count: teacher forced, the action appended
+    as the assistant turn (left open), its tokens read from vLLM's prompt
+    log-probabilities after the policy's own prompt (which must be a prefix of
+    this one). Sent with policy ``none`` and no session, so the plugin changes
+    nothing and keeps no state. None when it cannot be read."""
+    action = {k: v for k, v in scored.step.action.items() if k in ("role", "content", "tool_calls")}
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [*scored.sent, action],
+        "max_tokens": 1,
+        "temperature": 0,
+        "prompt_logprobs": 0,
+        "add_generation_prompt": False,
+        "continue_final_message": True,
+        "return_token_ids": True,
+    }
+    if scored.plan.tools:
+        body["tools"] = scored.plan.tools
+    try:
+        response = await client.post(
+            settings.url.rstrip("/") + "/v1/chat/completions",
+            json=body,
+            headers={"X-Pamer-Policy": "none"},
+            timeout=settings.timeout_s,
+        )
+    except httpx.HTTPError:
+        return None
+    if response.status_code != 200:
+        return None
+    data = response.json()
+    ids, logprobs, before = data.get("prompt_token_ids"), data.get("prompt_logprobs"), scored.prompt_ids
+    if not isinstance(ids, list) or not isinstance(logprobs, list) or ids[: len(before)] != before:
+        return None
+    values = []
+    for token, entry in zip(ids[len(before) :], logprobs[len(before) :]):
+        found = (entry or {}).get(str(token)) or (entry or {}).get(token)
+        if not isinstance(found, dict) or not isinstance(found.get("logprob"), int | float):
+            return None
+        values.append(float(found["logprob"]))
+    return (sum(values) / len(values), len(values)) if values else None
 
 
 async def replay_policy(
@@ -270,11 +341,13 @@ async def replay_policy(
         total=sum(len(p.steps) for p in plans), desc=f"replay {policy}", unit="req", disable=not settings.progress
     )
 
+    kept: list[_Scored] | None = [] if settings.likelihood else None
+
     async def run_session(plan: TrajectoryPlan) -> None:
         session_id = f"{policy}-{uuid.uuid4().hex[:12]}"
         async with gate:
             for step in plan.steps:  # an agent waits for each answer before its next request
-                records.append(await send_step(client, settings, model, policy, session_id, plan, step))
+                records.append(await send_step(client, settings, model, policy, session_id, plan, step, kept))
                 bar.update(1)
 
     if settings.reset_prefix_cache:
@@ -307,6 +380,18 @@ async def replay_policy(
         metric_deltas=prometheus.deltas(prometheus.counters(before), prometheus.counters(after)),
         kv_usage_peak=peak,
     )
+    if kept:  # after the run's metrics: these requests are no part of the policy's cost
+        scoring = tqdm(total=len(kept), desc=f"likelihood {policy}", unit="req", disable=not settings.progress)
+
+        async def score(item: _Scored) -> None:
+            async with gate:
+                found = await action_likelihood(client, settings, model, item)
+            if found is not None:
+                item.record.action_logprob, item.record.action_tokens = found
+            scoring.update(1)
+
+        await asyncio.gather(*(score(item) for item in kept))
+        scoring.close()
     return records, summary
 
 

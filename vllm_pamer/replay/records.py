@@ -66,6 +66,10 @@ class StepRecord(msgspec.Struct, kw_only=True):
     chars_original: int = 0
     chars_sent: int | None = None
     chars_share: float | None = None
+    action_logprob: float | None = None
+    """The recorded next action's mean log-probability per token given what was
+    sent (``client.action_likelihood``; None: not scored)."""
+    action_tokens: int | None = None
 
 
 class RunSummary(msgspec.Struct, kw_only=True):
@@ -125,6 +129,12 @@ class PolicyRow(msgspec.Struct, kw_only=True):
     readable_common: float | None = None
     """``readable`` on those requests only (no refusal in it)."""
     observed_common: float | None = None
+    action_logprob: float | None = None
+    """Mean over its scored requests of the recorded action's log-probability per token."""
+    logprob_lost: float | None = None
+    """On the requests ``none`` and this policy both scored: ``none``'s mean minus this policy's."""
+    logprob_lost_recency: float | None = None
+    """What recency (the ``recent_k`` / ``sliding_window`` rows of the report) loses at this row's chars share."""
     agree_tool: float | None = None
     agree_args: float | None = None
     cache_hits: float | None = None

@@ -43,6 +43,7 @@ trajectories) are merged: times, counters and trajectories add up.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections import defaultdict
@@ -194,6 +195,8 @@ def fmt(value: float | int | None, kind: str = "num") -> str:
         return f"{value:.2f}"
     if kind == "pts":
         return f"{100 * value:+.1f} pt"
+    if kind == "logp":
+        return f"{value:.3f}"
     return f"{value:,.0f}"
 
 
@@ -280,6 +283,46 @@ def add_common(rows: Sequence[PolicyRow], records: Sequence[StepRecord]) -> None
         row.observed_common = _ratio(sum(r.observed or 0 for r in mine), wanted)
 
 
+RECENCY_POLICIES = ("recent_k", "sliding_window")
+"""Recency's rows: these policies, and variants named ``recent_<k>``."""
+
+
+def is_recency(policy: str) -> bool:
+    return policy in RECENCY_POLICIES or policy.startswith("recent_")
+
+
+def add_likelihood(rows: Sequence[PolicyRow], records: Sequence[StepRecord]) -> None:
+    """Each row's mean action log-probability, what it loses against ``none``
+    (the full history) on the requests both scored, and what recency loses at
+    the same chars share (linear between the ``recency`` rows)."""
+    scored: dict[str, dict[tuple[str, int], float]] = defaultdict(dict)
+    for r in records:
+        if r.action_logprob is not None:
+            scored[r.policy][(key_of(r), r.step)] = r.action_logprob
+    full = scored.get(BASELINE, {})
+    for row in rows:
+        mine = scored.get(row.policy, {})
+        row.action_logprob = mean(mine.values()) if mine else None
+        both = [k for k in mine if k in full]
+        row.logprob_lost = mean(full[k] - mine[k] for k in both) if both else None
+    curve = sorted(
+        (row.chars_share, row.logprob_lost)
+        for row in rows
+        if is_recency(row.policy) and row.chars_share is not None and row.logprob_lost is not None
+    )
+    for row in rows:
+        if row.chars_share is None or not curve or row.chars_share < curve[0][0]:
+            continue
+        row.logprob_lost_recency = _interpolate(curve, row.chars_share)
+
+
+def _interpolate(curve: Sequence[tuple[float, float]], x: float) -> float:
+    for (x0, y0), (x1, y1) in itertools.pairwise(curve):
+        if x <= x1:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return curve[-1][1]
+
+
 EVIDENCE_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("policy", "policy", "str"),
     ("needs", "needs", "num"),
@@ -292,6 +335,9 @@ EVIDENCE_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("common", "common requests", "num"),
     ("readable_common", "readable, common", "pct"),
     ("observed_common", "observed, common", "pct"),
+    ("action_logprob", "action log-prob", "logp"),
+    ("logprob_lost", "lost vs full history", "logp"),
+    ("logprob_lost_recency", "recency loses there", "logp"),
 )
 """The evidence table: the one rule for every side (``evidence.needs``, ``readings``)."""
 
@@ -324,7 +370,12 @@ after the prefix; observed only in observation text (raw tool and user
 messages, and inserted text without the record's copies of the agent's calls
 and words). Over recency: at the same chars share on the same requests.
 Common: the requests every policy here answered; a refused request reads
-nothing in the other columns.
+nothing in the other columns. Action log-prob (with ``--likelihood``): the
+recorded next action's mean log-probability per token given what the policy
+sent, teacher forced on the served model; lost vs full history: `none`'s minus
+the policy's on the requests both scored; recency loses there: the same for
+the recency rows (`recent_k`, `recent_<k>`, `sliding_window`) at the policy's
+chars share.
 """
 
 
@@ -360,6 +411,7 @@ def write_report(
         frontier = replayed_frontier(some_records, trajectories) if trajectories is not None else []
         add_over_recency(rows, frontier)
         add_common(rows, some_records)
+        add_likelihood(rows, some_records)
         return rows, frontier
 
     rows, frontier = rows_and_frontier(records, runs)

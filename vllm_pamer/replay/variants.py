@@ -43,6 +43,10 @@ def policy_options(summary_tokens: int) -> dict[str, dict[str, Any]]:
         "periodic_summary": {"summary_max_tokens": n},
         "rolling_summary": {"summary_max_tokens": n},
         "sam": {"cue_max_tokens": n, "recall_max_tokens": n},
+        # recency at more character shares: the curve a policy's next-action likelihood is read against
+        "recent_5": {"policy": "recent_k", "k": 5},
+        "recent_10": {"policy": "recent_k", "k": 10},
+        "recent_20": {"policy": "recent_k", "k": 20},
         # variants of the paper schedule measured in earlier runs
         "pamer_unstable": {**paper, "stable_recall": False},
         "pamer_conversation": {**paper, "summary_layout": "conversation"},
