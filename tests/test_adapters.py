@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import vllm_pamer.adapters as adapters
-from tests.fakes import Sink
+from tests.support.fakes import Sink
 from vllm_pamer.adapters.vllm_from_0_32 import cpu
 from vllm_pamer.adapters.vllm_from_0_32.models import UnsupportedRunner, capturing
 

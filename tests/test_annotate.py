@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.chat_strategies import valid_messages
+from tests.support.chat_strategies import valid_messages
 from vllm_pamer.core.blocks import split_conversation
 from vllm_pamer.salient import action_values, message_text, occurs, salient_values
 from vllm_pamer.training import annotate as A

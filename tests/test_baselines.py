@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.chat_strategies import conversations, join
-from tests.fakes import COMPRESS, KEEP, FakeEngine, blocking
+from tests.support.chat_strategies import conversations, join
+from tests.support.fakes import COMPRESS, KEEP, FakeEngine, blocking
 from vllm_pamer.core.blocks import protocol_issues, split_conversation
 from vllm_pamer.core.pipeline import rewrite_request
 from vllm_pamer.core.policies import PolicyContext, PolicyRequest, available_policies, create_policy

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from tests.chat_strategies import (
+from tests.support.chat_strategies import (
     ID_ALPHABET,
     UNKNOWN_ID,
     conversations,

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from tests.fakes import COMPRESS, KEEP, FakeEngine, blocking, conversation
+from tests.support.fakes import COMPRESS, KEEP, FakeEngine, blocking, conversation
 from vllm_pamer.core.blocks import Block, protocol_issues, split_conversation
 from vllm_pamer.core.pipeline import rewrite_request
 from vllm_pamer.core.policies import PolicyContext, create_policy

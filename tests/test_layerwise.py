@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.training_fixtures import layer_states, write_shards, write_states_dir
+from tests.support.training_fixtures import layer_states, write_shards, write_states_dir
 from vllm_pamer.training.cli import train_main
 from vllm_pamer.training.data import load_layer_states
 from vllm_pamer.training.layerwise import run_layerwise

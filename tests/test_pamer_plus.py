@@ -12,7 +12,7 @@ import jsonschema
 import numpy as np
 import pytest
 
-from tests.fakes import COMPRESS, KEEP, FakeEngine, blocking, conversation
+from tests.support.fakes import COMPRESS, KEEP, FakeEngine, blocking, conversation
 from vllm_pamer.core.blocks import protocol_issues, split_conversation
 from vllm_pamer.core.pipeline import rewrite_request
 from vllm_pamer.core.policies import PolicyContext, create_policy

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.chat_strategies import conversations, join
+from tests.support.chat_strategies import conversations, join
 from vllm_pamer.core.blocks import protocol_issues, split_conversation
 from vllm_pamer.core.fallback import Fallback
 from vllm_pamer.core.pipeline import rewrite_request

@@ -9,7 +9,7 @@ import re
 import pytest
 from hypothesis import given
 
-from tests.chat_strategies import valid_messages
+from tests.support.chat_strategies import valid_messages
 from vllm_pamer.core.render import render_tools_as_text, template_supports_tools
 
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from tests.fakes import FakeEngine, conversation
+from tests.support.fakes import FakeEngine, conversation
 from vllm_pamer.core.blocks import split_conversation
 from vllm_pamer.core.policies.summary_writer import SummaryConfig, write_summary
 from vllm_pamer.core.retry import with_retries

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.fakes import FakeEngine, blocking, conversation
+from tests.support.fakes import FakeEngine, blocking, conversation
 from vllm_pamer.core.blocks import protocol_issues, split_conversation
 from vllm_pamer.core.pipeline import rewrite_request
 from vllm_pamer.core.policies import PolicyContext, create_policy

@@ -20,7 +20,7 @@ import numpy as np
 import psycopg
 import pytest
 
-from tests.fakes import COMPRESS, FakeEngine, blocking, conversation
+from tests.support.fakes import COMPRESS, FakeEngine, blocking, conversation
 from vllm_pamer.core.blocks import split_conversation
 from vllm_pamer.core.pipeline import rewrite_request
 from vllm_pamer.core.policies import PolicyContext, create_policy

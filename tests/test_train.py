@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.training_fixtures import synthetic_states, write_shards
+from tests.support.training_fixtures import synthetic_states, write_shards
 from vllm_pamer.core.heads import ModelFingerprint, load_heads
 from vllm_pamer.kernels.five_head_vote import five_head_vote_reference
 from vllm_pamer.training import metrics

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from tests.fakes import Sink
+from tests.support.fakes import Sink
 from vllm_pamer.adapters.vllm_from_0_32.worker_v1 import V1Step
 from vllm_pamer.channel import CAPTURE_KEY
 from vllm_pamer.core.heads import ModelFingerprint, random_heads, save_heads

@@ -1,17 +1,22 @@
 """five_head_vote on the torch path (the CPU path and the oracle of the Triton
 kernel) against the float64 numpy oracle, dispatch, and (with a GPU) the
-Triton kernel on CUDA. The Triton kernel on CPU is in interp_five_head_vote.py."""
+Triton kernel on CUDA. In fresh processes
+(``tests/support/kernels/fresh_process.py``): the Triton kernel on CPU under
+the Triton interpreter (``interp_five_head_vote.py``), and compiled for NVIDIA
+GPUs."""
 
 from __future__ import annotations
 
 import importlib
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from tests.kernels.oracles import check_vote, vote_problem
+from tests.support.kernels.fresh_process import check_compiles_without_spills, run_interpreted
+from tests.support.kernels.oracles import check_vote, vote_problem
 from vllm_pamer.kernels import FiveHeadVote, five_head_vote, five_head_vote_reference
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -106,3 +111,13 @@ def test_cuda_graph_replays_equal_direct_launches(bf16_heads):
         for g, w in zip(got, want):
             assert torch.equal(g, w), rows
     assert held.graphs and len(held._graphs) == 7  # buckets 1, 2, 4, 8, 16, 128, 512; 600 launched directly
+
+
+def test_triton_kernel_under_interpreter():
+    """``interp_five_head_vote.py``: the Triton kernel on CPU tensors against the float64 oracle."""
+    run_interpreted(Path(__file__).with_name("interp_five_head_vote.py"))
+
+
+def test_triton_kernel_compiles_for_nvidia_without_spills():
+    """At the tiles the launcher plans (4 shapes) for H200 targets, without a GPU."""
+    check_compiles_without_spills("five_head_vote", variants=4)

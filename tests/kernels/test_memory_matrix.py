@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.kernels.oracles import check_topk
+from tests.support.kernels.oracles import check_topk
 from vllm_pamer.worker.memory_matrix import MemoryMatrix
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

@@ -4,10 +4,11 @@ on an H100/H200 (sm_90) or A100 (sm_80) takes. Catches what the interpreter
 cannot (lowering of tl.dot precisions, scalar atomics, bool stores, control
 flow around them) and reports registers, spills and shared memory.
 
-    .venv/bin/python tests/kernels/compile_check.py     # prints one JSON line per variant
+    .venv/bin/python tests/support/kernels/compile_check.py [KERNEL]   # one JSON line per variant
 
-Run by test_triton_compile.py in a subprocess (TRITON_INTERPRET must be unset
-when the kernel modules are imported)."""
+KERNEL (``five_head_vote`` or ``cosine_topk``) keeps that kernel's variants
+only. The kernel tests run it in a subprocess (``fresh_process.py``: TRITON_INTERPRET
+must be unset when the kernel modules are imported)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 os.environ.pop("TRITON_INTERPRET", None)
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, without its warning
 
@@ -111,7 +112,10 @@ def ptxas_stats(ptx: str, arch: int) -> dict:
 
 
 def main() -> int:
+    wanted = sys.argv[1] if len(sys.argv) > 1 else ""
     for name, kernel, ptrs, p, arch in VARIANTS:
+        if not name.startswith(wanted):
+            continue
         constexprs = p["constexprs"]
         signature = {arg: ptrs.get(arg) or ("constexpr" if arg in constexprs else "i32") for arg in kernel.arg_names}
         compiled = triton.compile(
