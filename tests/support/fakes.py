@@ -1,6 +1,6 @@
 """Test doubles shared by the policy tests: a deterministic engine that keeps
-the whole engine contract (``core/engine.py``), head votes, a conversation
-builder, and blocking calls into the (async) memory store."""
+the whole engine contract (``core/engine.py``), head votes, the conversations
+the policy tests build, and blocking calls into the (async) memory store."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from vllm_pamer.core.blocks import split_conversation
 from vllm_pamer.core.policies import HeadVote
 
 COMPRESS = HeadVote((5.0,) * 5, 5, True)
@@ -104,6 +105,48 @@ def conversation(n_blocks: int, chars: int = 900) -> list[dict]:
         messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         messages.append({"role": "tool", "tool_call_id": f"c{i}", "content": f"ID{i} " + "x" * chars})
     return messages
+
+
+def lookup_chat(n_blocks: int, chars: int = 400) -> list[dict]:
+    """System + task, then ``n_blocks`` blocks: a call and its result ``IDi xxx...``
+    (named, as the baseline policies' tests stub it)."""
+    messages = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Task"}]
+    for i in range(n_blocks):
+        call = {"id": f"c{i}", "type": "function", "function": {"name": "lookup", "arguments": f'{{"k": {i}}}'}}
+        messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        messages.append({"role": "tool", "tool_call_id": f"c{i}", "name": "lookup", "content": f"ID{i} " + "x" * chars})
+    return messages
+
+
+def blocks_of(messages: list[dict], start: int, stop: int | None = None) -> list[dict]:
+    """The messages of blocks ``start:stop`` of ``messages``."""
+    return [m for b in split_conversation(messages).blocks[start:stop] for m in b.messages]
+
+
+def mixed_conversation(n_blocks: int) -> tuple[list[dict], list[list[dict]]]:
+    """(prefix, blocks): system + task, then ``n_blocks`` blocks that alternate
+    tool-calling assistants (two calls, answered in reverse order) and plain-text ones."""
+    prefix = [{"role": "system", "content": "sys"}, {"role": "user", "content": "task"}]
+    parts = []
+    for b in range(n_blocks):
+        if b % 2 == 0:
+            ids = [f"c{b}a", f"c{b}b"]
+            calls = [{"id": i, "type": "function", "function": {"name": "read", "arguments": '{"p": 1}'}} for i in ids]
+            parts.append(
+                [
+                    {"role": "assistant", "content": None, "tool_calls": calls},
+                    {"role": "tool", "tool_call_id": ids[1], "content": f"r{b}b"},
+                    {"role": "tool", "tool_call_id": ids[0], "content": f"r{b}a"},
+                ]
+            )
+        else:
+            parts.append([{"role": "assistant", "content": f"thinking {b}"}, {"role": "user", "content": f"go {b}"}])
+    return prefix, parts
+
+
+def same_objects(a: list, b: list) -> bool:
+    """The same message objects, in the same order (not copies)."""
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
 
 
 class blocking:  # noqa: N801 - reads as a function: blocking(store).load("s1")

@@ -1,6 +1,7 @@
-"""PaMER+ step evidence and PaMER's stable recall, on a real SQLite store with
-scripted engine services (the selector's and the recall request's answers are
-set per test). The engine path of the selector (structured outputs) runs in
+"""PaMER+ (``core/policies/pamer/plus.py``): step evidence on a real SQLite
+store with scripted engine services (the selector's and the recall request's
+answers are set per test), and the schema the selector is constrained to.
+The engine path of the selector (structured outputs) runs in
 tests/e2e/test_policies_serve.py."""
 
 from __future__ import annotations
@@ -9,18 +10,14 @@ import asyncio
 import json
 
 import jsonschema
-import numpy as np
 import pytest
 
 from tests.support.fakes import COMPRESS, KEEP, FakeEngine, blocking, conversation
-from vllm_pamer.core.blocks import protocol_issues, split_conversation
+from vllm_pamer.core.blocks import protocol_issues
 from vllm_pamer.core.pipeline import rewrite_request
 from vllm_pamer.core.policies import PolicyContext, create_policy
 from vllm_pamer.core.policies.pamer.plus import EVIDENCE_HEADER, selection_schema
 from vllm_pamer.core.policies.summary_writer import MEMORY_HEADER
-from vllm_pamer.core.recall import stable_selection
-from vllm_pamer.core.store import StepDetail
-from vllm_pamer.stores.sqlite import SqliteStore
 
 
 class ScriptedServices(FakeEngine):
@@ -36,11 +33,6 @@ class ScriptedServices(FakeEngine):
         if kind == "selector":
             return self.selection if isinstance(self.selection, str) else json.dumps(self.selection)
         return self.recall
-
-
-@pytest.fixture
-def store(tmp_path):
-    return SqliteStore(tmp_path / "memory.sqlite3", model_fingerprint="test")
 
 
 def session_with_memory(store, policy):
@@ -134,44 +126,6 @@ def test_step_evidence_that_would_not_fit_the_window_is_left_out(store):
     services.max_model_len = services.count_tokens(plain) + 100  # the request fits, the evidence does not
     out = later(store, policy, services)
     assert out.messages == plain and out.action == "recalled" and "would not fit the window" in out.detail
-
-
-def test_stable_selection_keeps_previous_unless_beaten_by_margin():
-    scores = {1: 0.50, 2: 0.48, 3: 0.47, 4: 0.49, 5: 0.60}
-    assert stable_selection(scores, [], [5, 1, 4], 3, 0.05) == [1, 4, 5]
-    # 4 now outscores 3 but only by 0.02: the previous set stays
-    assert stable_selection(scores, [1, 2, 3], [1, 4, 2], 3, 0.05) == [1, 2, 3]
-    # 5 beats the weakest (3, 0.47) by 0.13: it replaces it
-    assert stable_selection(scores, [1, 2, 3], [5, 1, 4], 3, 0.05) == [1, 2, 5]
-    # vanished members drop out, free places fill from the fresh list
-    assert stable_selection({1: 0.5, 4: 0.1}, [1, 9], [4, 1], 3, 0.05) == [1, 4]
-
-
-def test_pamer_recall_text_stays_identical_while_the_query_drifts(store):
-    """Four memories, Top-2: plain Top-K flips between requests whose queries
-    differ slightly, stable recall sends the same text."""
-    services = FakeEngine()
-    archived = split_conversation(conversation(7)).blocks[3:]  # not in the requests below
-    for i, block in enumerate(archived):
-        vector = np.eye(64, dtype=np.float32)[i] + 0.5
-        detail = StepDetail(step=0, block_id=block.block_id, tool_names=("lookup",), chars=100)
-        blocking(store).commit_memory("s", f"memory about topic {i}", vector, services.embedder_name, [block], [detail])
-    queries = [np.eye(64)[0] * 1.0 + np.eye(64)[1] * 0.98, np.eye(64)[0] * 0.98 + np.eye(64)[1] + np.eye(64)[2] * 1.01]
-
-    def recalled(policy):
-        texts, ids = [], []
-        for q in queries:
-            services.embed = lambda text, q=q: asyncio.sleep(0, result=q.astype(np.float32))
-            out = asyncio.run(rewrite_request(conversation(3), "s", policy, KEEP, PolicyContext(store, services)))
-            texts.append(out.messages[2]["content"])
-            ids.append(out.recalled)
-        return texts, ids
-
-    plain, plain_ids = recalled(create_policy("pamer", {"schedule": "paper", "top_k": 2, "stable_recall": False}))
-    stable, stable_ids = recalled(create_policy("pamer", {"schedule": "paper", "top_k": 2}))
-    assert plain[0] != plain[1] and plain_ids[0] != plain_ids[1]
-    assert stable[0] == stable[1] == plain[0]
-    assert stable_ids[0] == stable_ids[1] == plain_ids[0]
 
 
 def test_selection_schema_accepts_exactly_the_selection_shape():

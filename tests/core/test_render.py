@@ -1,4 +1,4 @@
-"""Tool calls rendered as text for templates without tool support."""
+"""Tool calls rendered as text for templates without tool support (``core/render.py``)."""
 
 from __future__ import annotations
 
@@ -132,24 +132,3 @@ def test_render_property(messages):
 )
 def test_template_supports_tools(template, expected):
     assert template_supports_tools(template) is expected
-
-
-def test_a_span_counts_the_calls_a_template_without_tools_would_drop(tokenizer_dir):
-    """Budgets count blocks by span: rendered as the request renders them, so
-    a block's calls count, and the blocks of a request add up to about its count."""
-    from transformers import AutoTokenizer
-
-    from vllm_pamer.core.tokens import TokenCounter
-
-    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    assert not template_supports_tools(tokenizer.chat_template)
-    counter = TokenCounter(tokenizer, render=render_tools_as_text)
-    long_command = "grep -rn 'def resolve_lookup' django/db/models/ " * 20
-    block = [
-        {"role": "assistant", "content": None, "tool_calls": [_call("c1", "bash", json.dumps({"cmd": long_command}))]},
-        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
-    ]
-    assert counter.span(block) > len(tokenizer.encode(long_command, add_special_tokens=False))
-    request = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Fix it."}, *block]
-    parts = counter.span(request[:2]) + counter.span(block)
-    assert abs(parts - counter.request(request)) <= 0.1 * counter.request(request)

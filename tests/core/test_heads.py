@@ -1,12 +1,9 @@
-"""The heads file format and the five-head vote reference."""
+"""The heads file format and the model fingerprint check (``core/heads.py``)."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
-import torch
 from safetensors.numpy import save_file
 
 from vllm_pamer.core.heads import (
@@ -20,9 +17,10 @@ from vllm_pamer.core.heads import (
     random_heads,
     save_heads,
 )
-from vllm_pamer.kernels.five_head_vote import five_head_vote, five_head_vote_reference
 
 TENSORS = ("w1", "b1", "w2", "b2", "thresholds")
+
+
 FP = ModelFingerprint(
     architecture="LlamaForCausalLM", hidden_size=64, num_hidden_layers=4, vocab_size=1000, model_name="tiny/model"
 )
@@ -53,9 +51,6 @@ def _metadata(fingerprint: ModelFingerprint = FP, **overrides: str) -> dict[str,
 
 def _tensors(heads: Heads) -> dict[str, np.ndarray]:
     return {name: np.ascontiguousarray(getattr(heads, name)) for name in TENSORS}
-
-
-# --- file format -------------------------------------------------------------
 
 
 @pytest.mark.parametrize("min_votes, trained", [(1, False), (2, True), (5, True)])
@@ -162,9 +157,6 @@ def test_load_rejects_min_votes_out_of_range(tmp_path, min_votes):
         load_heads(path)
 
 
-# --- fingerprint check -------------------------------------------------------
-
-
 def test_check_model_accepts_the_same_model_under_another_name():
     heads = _heads()
     heads.check_model(FP)
@@ -206,69 +198,3 @@ def test_fingerprint_from_hf_config():
 
     fp = ModelFingerprint.from_hf_config(Config(), model_name="smol")
     assert fp == ModelFingerprint("LlamaForCausalLM", 576, 30, 49152, "smol")
-
-
-# --- five-head vote ----------------------------------------------------------
-
-
-def _independent_logits(x, w1, b1, w2, b2) -> np.ndarray:
-    """float64, one head at a time, GELU written out with erf."""
-    x64 = x.astype(np.float64)
-    out = np.empty((x.shape[0], w1.shape[0]))
-    erf = np.vectorize(math.erf)
-    for h in range(w1.shape[0]):
-        z = x64 @ w1[h].astype(np.float64) + b1[h].astype(np.float64)
-        g = 0.5 * z * (1.0 + erf(z / math.sqrt(2.0)))
-        out[:, h] = g @ w2[h].astype(np.float64) + float(b2[h])
-    return out
-
-
-def _random_problem(batch: int, d: int, seed: int):
-    rng = np.random.default_rng(seed)
-    fp = ModelFingerprint("LlamaForCausalLM", d, 2, 100)
-    heads = random_heads(fp, seed=seed)
-    x = rng.standard_normal((batch, d)).astype(np.float32)
-    x[x == 0] = 0.5  # non-zero inputs
-    logits64 = _independent_logits(x, heads.w1, heads.b1, heads.w2, heads.b2)
-    # thresholds spread over the logits' range, so votes take several values
-    thresholds = (rng.standard_normal(NUM_HEADS) * logits64.std() * 0.5 + logits64.mean()).astype(np.float32)
-    return x, heads, thresholds, logits64
-
-
-@pytest.mark.parametrize("d", [64, 576])
-@pytest.mark.parametrize("batch", [1, 7, 64])
-def test_five_head_vote_reference_matches_float64(batch, d):
-    x, heads, thresholds, expected = _random_problem(batch, d, seed=batch * 1000 + d)
-    args = [torch.from_numpy(a) for a in (x, heads.w1, heads.b1, heads.w2, heads.b2, thresholds)]
-    clear = (np.abs(expected - thresholds.astype(np.float64)) > 1e-4).all(axis=1)
-    assert clear.any()
-    expected_votes = (expected > thresholds.astype(np.float64)).sum(axis=1)
-    if batch == 64:
-        assert len(set(expected_votes.tolist())) > 1  # the thresholds split the batch
-    for min_votes in (1, 3, 5):
-        logits, votes, decision = five_head_vote_reference(*args, min_votes=min_votes)
-        assert logits.shape == (batch, NUM_HEADS) and logits.dtype == torch.float32
-        assert votes.shape == (batch,) and votes.dtype == torch.int32
-        assert decision.shape == (batch,) and decision.dtype == torch.bool
-        np.testing.assert_allclose(logits.numpy(), expected, atol=1e-4, rtol=1e-4)
-        np.testing.assert_array_equal(votes.numpy()[clear], expected_votes[clear])
-        np.testing.assert_array_equal(decision.numpy(), votes.numpy() >= min_votes)
-        np.testing.assert_array_equal(decision.numpy()[clear], expected_votes[clear] >= min_votes)
-
-
-def test_five_head_vote_dispatch_matches_reference_on_cpu():
-    x, heads, thresholds, _ = _random_problem(5, 64, seed=7)
-    args = [torch.from_numpy(a) for a in (x, heads.w1, heads.b1, heads.w2, heads.b2, thresholds)]
-    for got, want in zip(five_head_vote(*args, min_votes=2), five_head_vote_reference(*args, min_votes=2)):
-        assert torch.equal(got, want)
-
-
-def test_five_head_vote_extreme_thresholds():
-    x, heads, _, _ = _random_problem(4, 64, seed=11)
-    args = [torch.from_numpy(a) for a in (x, heads.w1, heads.b1, heads.w2, heads.b2)]
-    low = torch.full((NUM_HEADS,), -1e6)
-    high = torch.full((NUM_HEADS,), 1e6)
-    _, votes, decision = five_head_vote_reference(*args, low, min_votes=5)
-    assert votes.tolist() == [5] * 4 and decision.all()
-    _, votes, decision = five_head_vote_reference(*args, high, min_votes=1)
-    assert votes.tolist() == [0] * 4 and not decision.any()

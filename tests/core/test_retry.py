@@ -6,9 +6,6 @@ import asyncio
 
 import pytest
 
-from tests.support.fakes import FakeEngine, conversation
-from vllm_pamer.core.blocks import split_conversation
-from vllm_pamer.core.policies.summary_writer import SummaryConfig, write_summary
 from vllm_pamer.core.retry import with_retries
 
 
@@ -46,18 +43,3 @@ def test_a_timed_out_attempt_is_not_retried():
     with pytest.raises(RuntimeError, match=r"timed out after 0\.05 s"):
         asyncio.run(with_retries(call, 0.05, 8, "summary"))
     assert len(made) == 1
-
-
-def test_summaries_take_turns_and_the_wait_is_not_part_of_the_time_limit():
-    """Two sessions' summaries with one turn at a time: they run one after the
-    other, and the second (0.6 s after it was asked, 0.3 s after its turn)
-    finishes inside its 0.5 s limit."""
-    services = FakeEngine(summary_delay=0.3, slots=1)
-    cfg = SummaryConfig(summary_timeout_s=0.5, summary_attempts=1)
-    blocks = split_conversation(conversation(4)).blocks
-
-    async def both():
-        return await asyncio.gather(write_summary(services, cfg, blocks), write_summary(services, cfg, blocks))
-
-    assert all(s.startswith("SUMMARY") for s in asyncio.run(both()))
-    assert services.summaries == 2 and services.most_running == 1

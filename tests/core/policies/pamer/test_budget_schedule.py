@@ -1,32 +1,25 @@
-"""PaMER's budget schedule (core/policies/pamer/budget.py, budget_schedule.py)
-and the verbatim record (pamer/record.py), on a real SQLite store with the
-deterministic engine of tests/fakes.py (4 characters a token). The cache hits
-it buys on the real server: tests/e2e/test_pamer_serve.py."""
+"""PaMER's budget schedule (``core/policies/pamer/budget_schedule.py``) on a
+real SQLite store with the deterministic engine of tests/support/fakes.py (4
+characters a token): when it compacts, what it sends between compactions,
+the memory it writes (summary and record), failures and restarts. The cache
+hits it buys on the real server: tests/e2e/test_pamer_serve.py."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 
 import pytest
 
 from tests.support.fakes import COMPRESS, KEEP, FakeEngine, blocking, conversation
-from vllm_pamer.core.blocks import Block, protocol_issues, split_conversation
+from vllm_pamer.core.blocks import protocol_issues
 from vllm_pamer.core.pipeline import rewrite_request
 from vllm_pamer.core.policies import PolicyContext, create_policy
-from vllm_pamer.core.policies.pamer.budget import archive_count, budget_for, kv_scale, kv_share_tokens, trigger
-from vllm_pamer.core.policies.pamer.record import RECORD_HEADER, relevance, step_record
+from vllm_pamer.core.policies.pamer.record import RECORD_HEADER
 from vllm_pamer.core.policies.summary_writer import MEMORY_HEADER
 from vllm_pamer.core.store import StoreError
-from vllm_pamer.stores.sqlite import SqliteStore
 
 # conversation(n) is about 32 + 231 n tokens here; the budget below puts the band at 1,500-2,000
 BUDGET = {"context_budget": 2000, "band_share": 0.25, "target_share": 0.5, "record_share": 0.2, "memory_share": 0.35}
-
-
-@pytest.fixture
-def store(tmp_path):
-    return SqliteStore(tmp_path / "memory.sqlite3", model_fingerprint="test")
 
 
 class Session:
@@ -43,81 +36,6 @@ class Session:
         return asyncio.run(
             rewrite_request(messages, session, self.policy, vote, self.context, prompt_tokens=tokens, **kwargs)
         )
-
-
-# -- the schedule, pure ------------------------------------------------------------------
-
-
-class Settings:
-    context_budget, budget_share, band_share, target_share = 0, 0.75, 0.25, 0.5
-    kv_pressure, kv_low, kv_high, kv_min_scale, vote_under_kv_pressure = True, 0.5, 0.9, 0.5, False
-    kv_share = 0.0
-
-
-def test_budget_band_and_target_follow_window_request_and_kv():
-    default = budget_for(Settings, 8192, None, None)
-    assert (default.budget, default.band_low, default.target) == (6144, 4608, 3072)
-    assert budget_for(Settings, 8192, 4000, None).budget == 4000  # the request's own budget
-    assert budget_for(Settings, 8192, 100_000, None).budget == 8192  # never beyond the window
-    assert kv_scale(Settings, 0.3) == 1.0 and kv_scale(Settings, 0.95) == 0.5 and kv_scale(Settings, 0.7) == 0.75
-    scarce = budget_for(Settings, 8192, None, 0.95)
-    assert (scarce.budget, scarce.base) == (3072, 6144)
-
-
-def test_trigger_never_below_the_band_vote_inside_forced_at_the_top():
-    budget = budget_for(Settings, 8192, None, None)
-    assert trigger(budget, 4000, True, True) is None  # below the band, whatever the vote
-    assert trigger(budget, 5000, True, False) is None and trigger(budget, 5000, True, None) is None
-    assert trigger(budget, 5000, True, True) == "vote"
-    assert trigger(budget, 6144, True, False) == "top_of_band"
-    assert trigger(budget, 3000, False, False) == "window"
-    scarce = budget_for(Settings, 8192, None, 0.95)
-    assert trigger(scarce, 3500, True, False) == "kv_pressure"  # only because the KV cache is full
-
-
-def test_under_kv_pressure_the_vote_waits_for_the_shrunk_budget():
-    scarce = budget_for(Settings, 8192, None, 0.7)  # 4,608 tokens, the band from 3,456
-    assert scarce.under_kv_pressure and not budget_for(Settings, 8192, None, 0.3).under_kv_pressure
-    assert trigger(scarce, 4000, True, True) is None  # inside the shrunk band: the vote waits
-    assert trigger(scarce, 4608, True, True) == "kv_pressure"
-
-    class Voting(Settings):
-        vote_under_kv_pressure = True
-
-    assert trigger(budget_for(Voting, 8192, None, 0.7), 4000, True, True) == "vote"
-
-
-def test_a_share_of_the_kv_cache_holds_the_budget_and_keeps_the_vote():
-    class Sharing(Settings):
-        kv_share = 0.8
-
-    assert kv_share_tokens(Settings, 10_000, 4) is None  # off
-    assert kv_share_tokens(Sharing, None, 4) is None  # capacity unknown
-    assert kv_share_tokens(Sharing, 10_000, 4) == 2000 and kv_share_tokens(Sharing, 10_000, 0) == 8000
-    held = budget_for(Sharing, 8192, None, None, 2000)
-    assert (held.budget, held.base, held.band_low, held.target) == (2000, 6144, 1500, 1000)
-    assert held.shared and held.under_kv_pressure and held.vote  # the share keeps it cached: the vote stays
-    assert trigger(held, 1600, True, True) == "vote" and trigger(held, 2000, True, False) == "kv_pressure"
-    scarce = budget_for(Sharing, 8192, None, 0.95, 2000)  # KV usage shrinks it to 3,072; the share to 2,000
-    assert scarce.budget == 2000 and scarce.shared
-    assert not budget_for(Sharing, 8192, None, None, 7000).shared  # a share above the budget changes nothing
-
-
-def test_archive_count_reaches_the_target_and_keeps_the_recent_blocks():
-    assert archive_count([100] * 10, 200, 700, keep_recent=2) == 5  # 200 + 5 x 100 <= 700
-    assert archive_count([100] * 10, 200, 0, keep_recent=2) == 8  # never the last 2
-    assert archive_count([100] * 3, 0, 10_000, keep_recent=2) == 1  # at least one when any may go
-    assert archive_count([100] * 2, 0, 0, keep_recent=2) == 0
-
-
-def test_settings_are_checked():
-    with pytest.raises(ValueError, match="target_share"):
-        create_policy("pamer", {"target_share": 0.95})  # inside the band
-    with pytest.raises(ValueError, match="schedule"):
-        create_policy("pamer", {"schedule": "eager"})
-
-
-# -- the policy --------------------------------------------------------------------------------
 
 
 def test_no_compaction_below_the_band_even_on_a_compress_vote(store):
@@ -262,6 +180,16 @@ def test_no_token_count_between_compactions(store):
     assert len(session.services.counted) == counted  # the server's count less a fixed offset
 
 
+def test_a_vote_inside_the_band_waits_for_a_large_step(store):
+    """Right after a compaction the request may sit inside the band with
+    little old history: a vote then would recompute the cache for a small gain."""
+    task = {"role": "user", "content": "context " * 800}  # ~1,600 tokens of task
+    messages = conversation(0) + [task] + conversation(3, chars=300)[2:]  # three small blocks after it
+    out = Session(store).send(messages, vote=COMPRESS)
+    assert out.schedule.sent_tokens >= out.schedule.band_low
+    assert out.action == "none" and "too little old history" in out.detail
+
+
 def test_the_memory_keeps_exact_values_of_the_archived_steps(store):
     messages = conversation(9)
     messages.insert(4, {"role": "user", "content": "Correction: use reservation ZQ8V1X, not the old one."})
@@ -289,6 +217,25 @@ def test_the_record_has_its_share_before_old_blocks_stay_raw(store):
     record = memory.summary.split(RECORD_HEADER, 1)[1]
     share = BUDGET["record_share"] * BUDGET["context_budget"] * 4  # FakeEngine: 4 characters a token
     assert 0.8 * share <= len(record) <= 1.05 * share
+
+
+def test_the_newest_record_carries_the_earlier_steps_forward(store):
+    """A value of an early step survives later compactions: the newest
+    memory's record covers every archived step, older memories show their
+    summaries only."""
+    session = Session(store)
+    early = conversation(9)
+    early.insert(4, {"role": "user", "content": "My booking is XK42Q9."})
+    assert session.send(early).action == "compressed"
+    later = early + conversation(20)[2 + 2 * 9 :]  # the same session, eleven blocks on
+    outs = [session.send(later[: 2 + 1 + 2 * n]) for n in range(10, 21)]
+    compactions = [o for o in outs if o.action == "compressed"]
+    assert compactions, [o.action for o in outs]
+    memories = blocking(store).load("s1").memories
+    assert len(memories) >= 2
+    shown = compactions[-1].messages[2]["content"]
+    assert "user: My booking is XK42Q9." in shown  # from the first compaction's steps
+    assert shown.count(RECORD_HEADER) == 1  # one record: the newest memory's
 
 
 def test_a_failed_summary_removes_and_stores_nothing(store):
@@ -353,88 +300,3 @@ def test_two_processes_show_what_the_last_compaction_of_either_chose(store):
             other = second if server is first else first
             assert other.send(conversation(n)).messages == out.messages
     assert len(blocking(store).load("s1").memories) >= 2
-
-
-# -- the record ----------------------------------------------------------------------------------
-
-
-def test_the_record_respects_its_budget_and_cuts_the_least_alike_first():
-    blocks = list(split_conversation(conversation(6, chars=2000)).blocks)
-    current = list(split_conversation(conversation(7, chars=50)).blocks)[-1:]  # mentions ID6 only
-    full = step_record(blocks, current, 1_000_000)
-    for budget in (4000, 1500, 600, 200):
-        record = step_record(blocks, current, budget)
-        assert len(record) <= max(budget, len(RECORD_HEADER) + 40), budget
-        assert record.startswith(RECORD_HEADER)
-    assert len(step_record(blocks, current, 4000)) < len(full)
-    tight = step_record(blocks, current, 1500)
-    assert "called lookup" in tight  # calls outlive results
-
-
-def test_the_record_never_leaves_out_the_newest_step():
-    """A step whose user turn alone is longer than the record's budget keeps
-    its call and the beginning and end of what the user said."""
-    blocks = list(split_conversation(conversation(3, chars=50)).blocks)
-    long_turn = {"role": "user", "content": "My booking is XK42Q9. " + "Please hurry. " * 60 + "Thanks, Omar."}
-    blocks[-1] = Block((*blocks[-1].messages, long_turn))
-    record = step_record(blocks, [], 400)
-    assert "(steps 1-2 omitted for space)" in record and "step 3:" in record
-    assert "called lookup" in record and "XK42Q9" in record and "Thanks, Omar." in record
-    assert len(record) <= 400 + 80
-
-
-def test_a_long_call_keeps_its_ends_before_earlier_steps_leave():
-    """A file written inline makes one call longer than the record: it keeps its
-    beginning (the path) and end, and the earlier steps stay."""
-    blocks = list(split_conversation(conversation(4, chars=50)).blocks)
-    source = "def handler():\n" + "    x = compute()\n" * 400 + "    return FINAL_LINE\n"
-    arguments = json.dumps({"command": f"cat <<'EOF' > src/app/handlers.py\n{source}EOF"})
-    call = {"id": "w1", "type": "function", "function": {"name": "bash", "arguments": arguments}}
-    write = (
-        {"role": "assistant", "content": "", "tool_calls": [call]},
-        {"role": "tool", "tool_call_id": "w1", "content": "ok"},
-    )
-    blocks[2] = Block(write)
-    record = step_record(blocks, [], 2500)
-    assert "omitted for space" not in record and "step 1:" in record
-    assert "src/app/handlers.py" in record and "FINAL_LINE" in record
-    assert len(record) <= 2500 < len(arguments)
-
-
-def test_relevance_prefers_blocks_like_the_current_work():
-    blocks = list(split_conversation(conversation(3, chars=10)).blocks)
-    scores = relevance(blocks, blocks[1:2])
-    assert scores[1] == max(scores) and scores[1] > 0
-
-
-def test_a_vote_inside_the_band_waits_for_a_large_step(store):
-    """Right after a compaction the request may sit inside the band with
-    little old history: a vote then would recompute the cache for a small gain."""
-    task = {"role": "user", "content": "context " * 800}  # ~1,600 tokens of task
-    messages = conversation(0) + [task] + conversation(3, chars=300)[2:]  # three small blocks after it
-    out = Session(store).send(messages, vote=COMPRESS)
-    assert out.schedule.sent_tokens >= out.schedule.band_low
-    assert out.action == "none" and "too little old history" in out.detail
-
-
-def test_without_a_window_or_a_budget_nothing_compacts():
-    assert trigger(budget_for(Settings, 0, None, None), 10**9, True, True) is None
-
-
-def test_the_newest_record_carries_the_earlier_steps_forward(store):
-    """A value of an early step survives later compactions: the newest
-    memory's record covers every archived step, older memories show their
-    summaries only."""
-    session = Session(store)
-    early = conversation(9)
-    early.insert(4, {"role": "user", "content": "My booking is XK42Q9."})
-    assert session.send(early).action == "compressed"
-    later = early + conversation(20)[2 + 2 * 9 :]  # the same session, eleven blocks on
-    outs = [session.send(later[: 2 + 1 + 2 * n]) for n in range(10, 21)]
-    compactions = [o for o in outs if o.action == "compressed"]
-    assert compactions, [o.action for o in outs]
-    memories = blocking(store).load("s1").memories
-    assert len(memories) >= 2
-    shown = compactions[-1].messages[2]["content"]
-    assert "user: My booking is XK42Q9." in shown  # from the first compaction's steps
-    assert shown.count(RECORD_HEADER) == 1  # one record: the newest memory's

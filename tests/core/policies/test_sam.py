@@ -6,14 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 
-import pytest
-
 from tests.support.fakes import FakeEngine, blocking, conversation
 from vllm_pamer.core.blocks import protocol_issues, split_conversation
 from vllm_pamer.core.pipeline import rewrite_request
 from vllm_pamer.core.policies import PolicyContext, create_policy
 from vllm_pamer.core.policies.sam import CUES_HEADER, MEMORY_TOOL_NAME, paginate
-from vllm_pamer.stores.sqlite import SqliteStore
 
 
 class SamServices(FakeEngine):
@@ -29,11 +26,6 @@ class SamServices(FakeEngine):
             raise RuntimeError(f"{kind} failed")
         ids = sorted({w for w in messages[-1]["content"].split() if w.startswith("ID")})
         return f"{kind}: " + " ".join(ids)
-
-
-@pytest.fixture
-def store(tmp_path):
-    return SqliteStore(tmp_path / "memory.sqlite3", model_fingerprint="test")
 
 
 def run(messages, store, services, **options):

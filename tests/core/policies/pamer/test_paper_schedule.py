@@ -1,12 +1,13 @@
-"""The PaMER controller (paper Algorithm 1) on a real SQLite store, with engine
-services replaced by a small deterministic stand-in so that every fallback rule
-can be injected as a real fault. The real engine path is tested end to end in
-tests/e2e/test_pamer_serve.py."""
+"""PaMER's paper schedule (``core/policies/pamer/paper_schedule.py``, the
+paper's Algorithm 1) on a real SQLite store, with engine services replaced by
+a small deterministic stand-in so that every fallback rule can be injected as
+a real fault: compression, recall, the window guard, summaries written ahead,
+the conversation layout, the captured query and stable recall. The real
+engine path is tested end to end in tests/e2e/test_pamer_serve.py."""
 
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 
 import numpy as np
 import pytest
@@ -17,18 +18,13 @@ from vllm_pamer.core.pipeline import rewrite_request
 from vllm_pamer.core.policies import PolicyContext, create_policy
 from vllm_pamer.core.policies.summary_writer import MEMORY_HEADER
 from vllm_pamer.core.recall import SERVED_STATE_EMBEDDER, WorkerRecall
-from vllm_pamer.stores.sqlite import SqliteStore
+from vllm_pamer.core.store import StepDetail
 
 
 def run(messages, store, services, vote, session="s1", **options):
-    """PaMER on the paper's schedule (the budget schedule: tests/test_compaction.py)."""
+    """PaMER on the paper's schedule (the budget schedule: test_budget_schedule.py)."""
     policy = create_policy("pamer", {"schedule": "paper", **options})
     return asyncio.run(rewrite_request(messages, session, policy, vote, PolicyContext(store, services)))
-
-
-@pytest.fixture
-def store(tmp_path):
-    return SqliteStore(tmp_path / "memory.sqlite3", model_fingerprint="test")
 
 
 def test_compression_commits_then_sends_prefix_and_recent(store):
@@ -162,35 +158,6 @@ def test_recall_failure_sends_the_original_request(store):
     outcome = run(later, store, FakeEngine(embed_error=TimeoutError("slow")), KEEP, embed_attempts=1)
     assert outcome.action == "fallback:recall_failure"
     assert outcome.messages == later
-
-
-def test_corrupt_rows_are_discarded_not_repaired(store):
-    run(conversation(8), store, FakeEngine(), COMPRESS)
-    store._conn.execute("UPDATE memories SET embedding = x'00'")
-    outcome = run(conversation(10), store, FakeEngine(), KEEP)
-    assert outcome.action == "none" and "discarded 1 corrupt" in outcome.detail
-    assert outcome.messages == conversation(10)  # no memory, so no block is dropped
-    assert blocking(store).load("s1").memories == []
-    assert store._conn.execute("SELECT COUNT(*) FROM raw_blocks").fetchone()[0] == 0
-
-
-def test_corrupt_database_file_starts_empty(tmp_path):
-    path = tmp_path / "memory.sqlite3"
-    path.write_bytes(b"this is not a database" * 100)
-    store = SqliteStore(path)
-    assert store.reset_events and list(tmp_path.glob("memory.sqlite3.corrupt-*"))
-    assert run(conversation(8), store, FakeEngine(), COMPRESS).action == "compressed"
-
-
-def test_schema_mismatch_is_treated_as_corrupt(tmp_path):
-    path = tmp_path / "memory.sqlite3"
-    SqliteStore(path).close()
-    conn = sqlite3.connect(path)
-    conn.execute("UPDATE meta SET value='999' WHERE key='schema_version'")
-    conn.commit()
-    conn.close()
-    store = SqliteStore(path)
-    assert "schema version 999" in store.reset_events[0]
 
 
 def test_sessions_are_isolated(store):
@@ -457,11 +424,6 @@ def test_captured_query_falls_back_to_the_text_query(store, case):
         assert len(services.embedded) == 1  # the text query, as without the option
 
 
-def test_query_source_is_checked():
-    with pytest.raises(ValueError, match="query_source"):
-        create_policy("pamer", {"schedule": "paper", "query_source": "state"})
-
-
 def test_text_query_source_embeds_task_and_recent_even_with_a_state(store):
     """The paper's query (``query_source="text"``); the default is the captured state."""
     assert create_policy("pamer").config.query_source == "captured"
@@ -482,14 +444,28 @@ def test_text_query_source_embeds_task_and_recent_even_with_a_state(store):
     assert len(services.embedded) == 1 and services.embedded[0].startswith("user: Task: fix ID-task")
 
 
-def test_a_stored_session_state_replaces_only_an_older_one():
-    from vllm_pamer.server.sessions import SessionRegistry, SessionState
+def test_pamer_recall_text_stays_identical_while_the_query_drifts(store):
+    """Four memories, Top-2: plain Top-K flips between requests whose queries
+    differ slightly, stable recall sends the same text."""
+    services = FakeEngine()
+    archived = split_conversation(conversation(7)).blocks[3:]  # not in the requests below
+    for i, block in enumerate(archived):
+        vector = np.eye(64, dtype=np.float32)[i] + 0.5
+        detail = StepDetail(step=0, block_id=block.block_id, tool_names=("lookup",), chars=100)
+        blocking(store).commit_memory("s", f"memory about topic {i}", vector, services.embedder_name, [block], [detail])
+    queries = [np.eye(64)[0] * 1.0 + np.eye(64)[1] * 0.98, np.eye(64)[0] * 0.98 + np.eye(64)[1] + np.eye(64)[2] * 1.01]
 
-    registry = SessionRegistry()
-    local = registry.touch("s")
-    local.updated, local.captures = 10.0, 3
-    older = SessionState("s", captures=1, updated=5.0)
-    assert registry.touch("s", SessionState.decode(older.encode())).captures == 3  # a capture came meanwhile
-    newer = SessionState("s", captures=7, updated=20.0)
-    assert registry.touch("s", SessionState.decode(newer.encode())).captures == 7
-    assert registry.touch("other", newer).session_id == "other"  # another session's state is never taken
+    def recalled(policy):
+        texts, ids = [], []
+        for q in queries:
+            services.embed = lambda text, q=q: asyncio.sleep(0, result=q.astype(np.float32))
+            out = asyncio.run(rewrite_request(conversation(3), "s", policy, KEEP, PolicyContext(store, services)))
+            texts.append(out.messages[2]["content"])
+            ids.append(out.recalled)
+        return texts, ids
+
+    plain, plain_ids = recalled(create_policy("pamer", {"schedule": "paper", "top_k": 2, "stable_recall": False}))
+    stable, stable_ids = recalled(create_policy("pamer", {"schedule": "paper", "top_k": 2}))
+    assert plain[0] != plain[1] and plain_ids[0] != plain_ids[1]
+    assert stable[0] == stable[1] == plain[0]
+    assert stable_ids[0] == stable_ids[1] == plain_ids[0]

@@ -8,13 +8,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from tests.support.chat_strategies import (
-    ID_ALPHABET,
-    UNKNOWN_ID,
-    conversations,
-    join,
-    valid_messages,
-)
+from tests.support.chat_strategies import ID_ALPHABET, UNKNOWN_ID, conversations, join, valid_messages
 from vllm_pamer.core.blocks import (
     Block,
     MalformedRequest,
