@@ -1,11 +1,11 @@
-"""The reference annotator: salient values, the recall/compression rule on
-hand-made conversations, agreement with a direct (slow) reading of the rule on
-the shipped trajectories, determinism, the registry and the CLI."""
+"""The reference annotator (``training/annotate.py``): the recall/compression
+rule on hand-made conversations, agreement with a direct (slow) reading of
+the rule on the shipped trajectories, determinism, the tokenizer count and
+the registry."""
 
 from __future__ import annotations
 
 import copy
-import json
 
 import msgspec
 import pytest
@@ -13,8 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.support.chat_strategies import valid_messages
+from tests.support.messages import call, result, say, user
 from vllm_pamer.core.blocks import split_conversation
-from vllm_pamer.salient import action_values, message_text, occurs, salient_values
+from vllm_pamer.salient import action_values, message_text, occurs
 from vllm_pamer.training import annotate as A
 from vllm_pamer.training.annotate import (
     Annotator,
@@ -26,34 +27,9 @@ from vllm_pamer.training.annotate import (
     create_annotator,
     decision_contexts,
 )
-from vllm_pamer.training.cli import annotate_main, summarize
 from vllm_pamer.trajectories import agent_requests, load_trajectories
 
-# --- builders for hand-made conversations ---------------------------------------------
-
 SYSTEM = {"role": "system", "content": "You are an airline agent."}
-
-
-def user(text):
-    return {"role": "user", "content": text}
-
-
-def say(text):
-    return {"role": "assistant", "content": text}
-
-
-def call(call_id, name, **arguments):
-    return {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [
-            {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
-        ],
-    }
-
-
-def result(call_id, text):
-    return {"role": "tool", "tool_call_id": call_id, "content": text}
 
 
 def trajectory(*messages, id="t"):
@@ -66,85 +42,6 @@ def by_index(points):
 
 FILLER = "lorem ipsum dolor sit amet " * 200  # ~5400 characters: > 1024 tokens by chars // 4
 
-
-# --- salient values ---------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "text, expected",
-    [
-        ("My reservation ID is YAX4DR, and the user ID is chen_lee_6825.", {"YAX4DR", "chen_lee_6825"}),
-        ("pay with credit_card_4421486 for HAT136", {"credit_card_4421486", "HAT136"}),
-        ("fly on 2024-05-20 for $122.50", {"2024-05-20", "122.50"}),
-        ("write to mia.li3668@example.com", {"mia.li3668@example.com"}),
-        (
-            "cat /testbed/django/contrib/admin/views/autocomplete.py",
-            {"/testbed/django/contrib/admin/views/autocomplete.py", "views/autocomplete.py"},
-        ),
-        ("python a/b.py and ./manage.py", {"a/b.py", "manage.py"}),
-        ("call self.serialize_result(obj)", {"self.serialize_result", "serialize_result"}),
-        ("class AutocompleteJsonView(BaseListView):", {"AutocompleteJsonView", "BaseListView"}),
-        ("see lines 120-140 of INSTALLED_APPS", {"120", "140", "INSTALLED_APPS"}),
-        ('print("\\nTesting")', set()),  # a literal backslash-n separates words: no "nTesting"
-    ],
-)
-def test_salient_values_finds_identifiers_paths_dates_numbers(text, expected):
-    assert salient_values(text) == expected
-
-
-@pytest.mark.parametrize(
-    "text",
-    [
-        "economy business django contrib admin",  # plain words
-        "and/or yes/no",  # not paths
-        "at 19:00 with 5 bags, e.g. two",  # short numbers, times, e.g.
-        "__init__ _meta self",  # dunder and short names
-        "raise ValueError or TypeError",  # Python builtins
-        "cd /testbed > /dev/null, trip one_way basic_economy",  # stoplist
-    ],
-)
-def test_salient_values_ignores_plain_words_and_vocabulary(text):
-    assert salient_values(text) == set()
-
-
-def test_date_is_one_value_not_a_number():
-    assert salient_values("2024-05-20") == {"2024-05-20"}
-
-
-def test_action_values_use_argument_values_not_keys_or_tool_name():
-    action = call(
-        "c1", "book_reservation", user_id="mia_li_3668", first_name="Noah", cabin="economy", amount=250, insurance=True
-    )
-    assert action_values(action) == {"mia_li_3668", "Noah", "250"}
-
-
-def test_action_values_include_the_text():
-    assert action_values(say("Flight HAT235 leaves at 19:00.")) == {"HAT235"}
-
-
-@pytest.mark.parametrize(
-    "value, text, expected",
-    [
-        ("HAT122", "flight HAT122.", True),
-        ("122", "flight HAT122", False),
-        ("122", "costs 122.50", False),
-        ("122", "costs $122.", True),
-        ("b/c.py", "/a/b/c.py", True),
-        ("serialize_result", "self.serialize_result(obj)", True),
-        ("AutocompleteJsonView", "AutocompleteJsonView.as_view()", True),
-        ("2024-05", "2024-05-20", False),
-    ],
-)
-def test_occurs_needs_a_whole_value(value, text, expected):
-    assert occurs(value, text) is expected
-
-
-def test_message_text_decodes_arguments():
-    message = call("c1", "bash", command="printf 'a\nb'")
-    assert message_text(message) == "printf 'a\nb'"
-
-
-# --- the rule on hand-made conversations ------------------------------------------------
 
 # P = system + user; blocks b0..b3; the decision at the last action has
 # O = [b0, b1] and R = [b2, b3].
@@ -269,9 +166,6 @@ def test_annotation_does_not_touch_its_input():
     assert traj == before
 
 
-# --- agreement with the rule read directly ---------------------------------------------
-
-
 @settings(max_examples=60, deadline=None)
 @given(valid_messages(max_blocks=7), st.integers(0, 3))
 def test_contexts_match_split_conversation(messages, n_recent):
@@ -369,9 +263,6 @@ def test_tokenizer_counter_counts_the_plain_text(tokenizer_dir):
     assert count([user("hello world")]) == 4  # "user", ":", " hello", " world"
 
 
-# --- registry and CLI -------------------------------------------------------------------
-
-
 def test_reference_annotator_from_the_registry():
     annotator = create_annotator("reference", AnnotatorSettings(horizon=2), char_counter)
     assert isinstance(annotator, Annotator) and annotator.name == "reference"
@@ -419,22 +310,3 @@ def test_a_second_annotator_plugs_in(monkeypatch):
     assert [p.recall for p in points] == [None, None, None, 1, 1]
     with pytest.raises(ValueError, match="already registered"):
         A.register_annotator("always-recall")(lambda settings, count_tokens: None)
-
-
-def test_cli_writes_json_lines_and_prints_counts(tmp_path, capsys):
-    out = tmp_path / "labels.jsonl"
-    assert annotate_main(["--limit", "1", "--tokens", "chars", "--out", str(out), "--no-progress"]) == 0
-    points = [msgspec.json.decode(line, type=DecisionPoint) for line in out.read_bytes().splitlines()]
-    tau, swe = load_trajectories(None, "tau")[0], load_trajectories(None, "swe")[0]
-    assert points == annotate_trajectory(tau, char_counter) + annotate_trajectory(swe, char_counter)
-    printed = capsys.readouterr().out
-    assert f"wrote {len(points)} decision points of 2 trajectories" in printed
-    assert "tau-bench/gpt-4o-airline" in printed and "recall_1" in printed
-    total = summarize(points)["all"]
-    assert total["decisions"] == len(points)
-    assert total["gate"] == total["compress_1"] + total["compress_0"]
-
-
-def test_cli_refuses_an_unknown_annotator(tmp_path):
-    with pytest.raises(SystemExit):
-        annotate_main(["--annotator", "nope", "--tokens", "chars", "--out", str(tmp_path / "x.jsonl")])
