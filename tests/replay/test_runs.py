@@ -1,6 +1,5 @@
-"""A resumable replay run over sittings (``replay/runs.py``: groups, units in
-one file, the settings check, a sitting's steps) and its report over finished
-groups (``replay/run_report.py``); no server."""
+"""A resumable replay run over sittings (``replay/runs.py``): groups, units in
+one file, the settings check, a sitting's steps; no server."""
 
 from __future__ import annotations
 
@@ -8,14 +7,10 @@ import json
 
 import pytest
 
-from vllm_pamer.replay import run_report, runs
-from vllm_pamer.replay.client import ReplaySettings, TrajectoryPlan
-from vllm_pamer.replay.records import RunSummary, StepRecord
-from vllm_pamer.replay.runs import GroupedRun, Unit, UnitStore
-
-
-def plans(kind: str, n: int) -> list[TrajectoryPlan]:
-    return [TrajectoryPlan(f"{kind}{i}", kind, None, []) for i in range(n)]
+from tests.support.replay import plans, unit
+from vllm_pamer.replay import runs
+from vllm_pamer.replay.client import ReplaySettings
+from vllm_pamer.replay.runs import GroupedRun, UnitStore
 
 
 def test_groups_interleave_kinds_so_any_prefix_holds_both():
@@ -62,62 +57,6 @@ def test_settings_are_kept_and_a_resume_with_others_is_refused(tmp_path):
     assert runs.check_settings(tmp_path, {**settings, "extra": None}, "abc1234") == commits  # a new option left unset
 
 
-def unit(policy: str, group: str, trajectory: str, kind: str, elapsed_s: float = 6.0) -> Unit:
-    record = StepRecord(
-        policy=policy,
-        trajectory_id=trajectory,
-        kind=kind,
-        session_id=f"{policy}-{trajectory}",
-        step=0,
-        message_index=2,
-        status="ok",
-        latency_s=1.0,
-        prompt_tokens_out=100,
-        usage_prompt_tokens=100,
-        usage_completion_tokens=10,
-    )
-    run = RunSummary(
-        policy=policy,
-        trajectories=1,
-        requests=1,
-        elapsed_s=elapsed_s,
-        kind=kind,
-        group=group,
-        metric_deltas={"vllm:prefix_cache_queries_total": 100.0, "vllm:prefix_cache_hits_total": 40.0},
-    )
-    return Unit(run, [record])
-
-
-def test_units_round_trip_and_the_report_covers_finished_groups_only(tmp_path, capsys):
-    groups = [("swe-000", plans("swe", 1)), ("tau-000", plans("tau", 1)), ("tau-001", plans("tau", 1))]
-    policy_names = ["none", "pamer"]
-    store = UnitStore(tmp_path)
-    saved = unit("pamer", "tau-000", "tau0", "tau")
-    store.add(saved)
-    assert UnitStore(tmp_path).load(["tau-000"], ["pamer"]) == [saved]  # read back from the one file
-    for group, trajectory, kind, names in (
-        ("swe-000", "swe0", "swe", policy_names),
-        ("tau-000", "tau0", "tau", ["none"]),
-        ("tau-001", "tau1", "tau", ["pamer"]),
-    ):  # tau-001 lacks none
-        for name in names:
-            store.add(unit(name, group, trajectory, kind))
-    assert [p.name for p in tmp_path.iterdir()] == ["units.jsonl.gz"]
-
-    run = GroupedRun(tmp_path, groups, policy_names, {}, "abc1234")
-    run_report.write_finished_report(run, ["abc1234"], "(2 requests each)", "replay --here", trajectories=[])
-    text = (tmp_path / "report.md").read_text()
-    assert "2 of 3 groups finished by all 2 policies: 1 tau-bench and 1 mini-swe trajectories (2 requests each)" in text
-    assert "KV cache of unreported tokens. Code: abc1234. Command: `replay --here`" in text
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert [(row["policy"], row["trajectories"], row["prefill_computed"]) for row in summary] == [
-        ("none", 2, 120),
-        ("pamer", 2, 120),
-    ]
-    assert "## tau-bench" in text and "## mini-swe" in text
-    assert not (tmp_path / "records.jsonl").exists()  # the units are the records
-
-
 def test_a_rerun_drops_the_units_of_changed_policies_and_says_so(tmp_path):
     runs.check_settings(tmp_path, {"tau": 0}, "abc1234")
     store = UnitStore(tmp_path)
@@ -133,21 +72,6 @@ def test_a_rerun_drops_the_units_of_changed_policies_and_says_so(tmp_path):
     saved = json.loads((tmp_path / "settings.json").read_text())
     assert saved["reruns"] == [{"policies": ["pamer", "pamer_tight"], "commit": "def5678", "units_dropped": 4}]
     assert runs.reruns(tmp_path) == " pamer, pamer_tight run again from def5678 (4 units dropped)."
-
-
-def test_against_another_run_compares_the_groups_both_finished(tmp_path):
-    here, there = UnitStore(tmp_path / "bound"), UnitStore(tmp_path / "free")
-    groups = [("swe-000", plans("swe", 1)), ("tau-000", plans("tau", 1)), ("tau-001", plans("tau", 1))]
-    for group, trajectory, kind in (("swe-000", "swe0", "swe"), ("tau-000", "tau0", "tau"), ("tau-001", "tau1", "tau")):
-        for name in ("none", "pamer"):
-            here.add(unit(name, group, trajectory, kind, elapsed_s=12.0))
-            if group != "tau-001":  # the other run has not reached tau-001
-                there.add(unit(name, group, trajectory, kind))
-    text = run_report.against_section(here, there, "free", groups, ["none", "pamer"])
-    assert "### tau-bench (1 groups, 1 trajectories)" in text and "### mini-swe (1 groups, 1 trajectories)" in text
-    # 1 request in 12 s here against 6 s there: 5.00 against 10.00 steps / min
-    assert "| none | 100 | - | - | 5.00 | 10.00 | 0.50 | 60 | 60 | - |" in text
-    assert run_report.against_section(here, UnitStore(tmp_path / "empty"), "empty", groups, ["none"]) == ""
 
 
 def test_a_unit_torn_by_a_killed_sitting_is_cut_off_and_runs_again(tmp_path):

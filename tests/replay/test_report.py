@@ -1,4 +1,5 @@
-"""The replay report on synthetic records with known table values, and /metrics parsing."""
+"""The replay report (``replay/report.py``) on synthetic records with known
+table values (tests/support/replay.py's ``RECORDS`` and ``RUNS``)."""
 
 from __future__ import annotations
 
@@ -7,93 +8,19 @@ import json
 import msgspec
 import pytest
 
-from vllm_pamer.replay import prometheus
+from tests.support.replay import RECORDS, RUNS, SWE, rec
 from vllm_pamer.replay.evidence import (
     availability,
     context_chars,
     evidence_messages,
     needed_values,
+    recency_frontier,
     recent_k_context,
     trajectory_kind,
 )
-from vllm_pamer.replay.plots import context_per_turn
 from vllm_pamer.replay.records import RunSummary, StepRecord, read_records, read_runs
 from vllm_pamer.replay.report import jaccard, markdown_table, summarize, write_report
 from vllm_pamer.trajectories import agent_requests, load_trajectories
-
-
-def rec(
-    policy,
-    trajectory,
-    step,
-    tokens_out,
-    completion=10,
-    *,
-    status="ok",
-    tool=None,
-    values=(),
-    needed=0,
-    available=None,
-    chars=(None, 100),
-):
-    return StepRecord(
-        policy=policy,
-        trajectory_id=trajectory,
-        session_id=f"{policy}-{trajectory}",
-        step=step,
-        message_index=2 * step + 2,
-        status=status,
-        latency_s=1.0,
-        prompt_tokens_in=tokens_out,
-        prompt_tokens_out=tokens_out,
-        usage_prompt_tokens=tokens_out if status == "ok" else None,
-        usage_completion_tokens=completion if status == "ok" else None,
-        action_tool=tool,
-        action_values=list(values),
-        needed=needed,
-        available=available,
-        chars_sent=chars[0],
-        chars_original=chars[1],
-    )
-
-
-RECORDS = [
-    rec("none", "A", 0, 100, tool="get_user", values=["X1234"], needed=2, available=2, chars=(100, 100)),
-    rec("none", "A", 1, 200, tool=None, needed=0, available=0, chars=(200, 200)),
-    rec("none", "B", 0, 300, 5, tool="search", values=["P1234", "Q1234"], needed=2, available=2, chars=(300, 300)),
-    rec("none", "B", 1, 9000, status="beyond_window"),
-    rec("recent_k", "A", 0, 100, tool="get_user", values=["X1234"], needed=2, available=2, chars=(100, 100)),
-    rec("recent_k", "A", 1, 150, tool="cancel", values=["Y1234"], needed=0, available=0, chars=(120, 200)),
-    rec("recent_k", "B", 0, 250, 5, tool="search", values=["P1234"], needed=2, available=1, chars=(200, 300)),
-    rec("recent_k", "B", 1, 260, 20, tool="search", values=[], needed=4, available=1, chars=(100, 400)),
-]
-RUNS = [
-    RunSummary(
-        policy="none",
-        trajectories=2,
-        requests=4,
-        elapsed_s=60.0,
-        kv_usage_peak=0.5,
-        metric_deltas={
-            "vllm:prefix_cache_queries_total": 1000.0,
-            "vllm:prefix_cache_hits_total": 400.0,
-            "vllm:num_preemptions_total": 3.0,
-        },
-    ),
-    RunSummary(
-        policy="recent_k",
-        trajectories=2,
-        requests=4,
-        elapsed_s=30.0,
-        kv_usage_peak=0.25,
-        metric_deltas={
-            "vllm:prefix_cache_queries_total": 500.0,
-            "vllm:prefix_cache_hits_total": 300.0,
-            'vllm_pamer_internal_prompt_tokens_total{kind="summary"}': 100.0,
-            'vllm_pamer_internal_completion_tokens_total{kind="summary"}': 20.0,
-        },
-    ),
-]
 
 
 def test_policy_rows_known_values():
@@ -236,7 +163,9 @@ def test_a_request_beyond_the_window_keeps_no_evidence():
 def test_cache_hits_and_recall_changes():
     def step(i, recalled, cached):
         return msgspec.structs.replace(
-            rec("pamer", "A", i, 100), cached_tokens=cached, pamer={"recalled": recalled} if recalled != "-" else {}
+            rec("pamer", "A", i, 100),
+            cached_tokens=cached,
+            pamer={"recalled": recalled} if recalled != "-" else {},
         )
 
     records = [
@@ -252,53 +181,28 @@ def test_cache_hits_and_recall_changes():
     assert row.cache_hits == pytest.approx((0 + 50 + 80 + 10 + 90) / 500)  # step 4 reported none
 
 
-def test_context_per_turn():
-    curves = context_per_turn(RECORDS)
-    assert curves["none"] == {0: 200, 1: 200}  # mean of A/0 and B/0; B/1 was refused
-    assert curves["recent_k"] == {0: 175, 1: 205}
+def test_duplicate_ids_are_replayed_and_measured_apart():
+    """Several runs of one task share an id in real traces: the frontier of a
+    replay covers exactly the runs replayed, not every run of that id."""
+    from vllm_pamer.replay.client import plan_replay
+    from vllm_pamer.replay.report import replayed_frontier
 
-
-METRICS = """\
-# HELP vllm:prompt_tokens_total Number of prefill tokens processed.
-# TYPE vllm:prompt_tokens_total counter
-vllm:prompt_tokens_total{engine="0",model_name="m"} 1500.0
-vllm:prompt_tokens_created{engine="0",model_name="m"} 1.7e9
-vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1200.0
-vllm:prefix_cache_hits_total{engine="0",model_name="m"} 200.0
-vllm:num_preemptions_total{engine="0",model_name="m"} 2.0
-vllm:num_preemptions_total{engine="1",model_name="m"} 1.0
-vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.125
-vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.25
-vllm_pamer_internal_prompt_tokens_total{kind="summary"} 40.0
-vllm_pamer_requests_total{action="none",policy="none"} 3.0
-"""
-
-
-def test_prometheus_counters_and_deltas():
-    samples = prometheus.parse_samples(METRICS)
-    assert prometheus.kv_usage(samples) == 0.25
-    before = prometheus.counters(samples)
-    assert before["vllm:prompt_tokens_total"] == 1500 and "vllm:generation_tokens_total" not in before
-    assert before["vllm:num_preemptions_total"] == 3  # summed over engines
-    after_text = METRICS.replace("1500.0", "1600.0") + 'vllm_pamer_internal_prompt_tokens_total{kind="embedding"} 3.0\n'
-    delta = prometheus.deltas(before, prometheus.counters(prometheus.parse_samples(after_text)))
-    assert delta["vllm:prompt_tokens_total"] == 100
-    assert prometheus.total(delta, prometheus.INTERNAL_PROMPT) == 3  # a label set that appeared counts from 0
-    assert prometheus.total(delta, "vllm:prefix_cache_hits_total") == 0
-    assert prometheus.parse_samples("") == {} and prometheus.kv_usage({}) is None
-
-
-def test_prefill_computed_prefers_vllms_own_breakdown():
-    by_source = """vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="local_compute"} 700.0
-vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="local_cache_hit"} 300.0
-vllm:prompt_tokens_total{engine="0",model_name="m"} 1000.0
-vllm:prompt_tokens_cached_total{engine="0",model_name="m"} 250.0
-vllm:prefix_cache_queries_total{engine="0",model_name="m"} 900.0
-vllm:prefix_cache_hits_total{engine="0",model_name="m"} 100.0
-"""
-    delta = prometheus.deltas({}, prometheus.counters(prometheus.parse_samples(by_source)))
-    assert prometheus.prefill_computed(delta) == 700
-    without_source = {k: v for k, v in delta.items() if "by_source" not in k}
-    assert prometheus.prefill_computed(without_source) == 750  # prompt - cached
-    assert prometheus.prefill_computed({"vllm:prefix_cache_queries_total": 900.0}) == 900
-    assert prometheus.prefill_computed({}) is None
+    rerun = {**SWE, "messages": SWE["messages"] + SWE["messages"][2:6]}  # same id, another run
+    plans = plan_replay([SWE, rerun], max_steps=2)
+    assert plans[0].trajectory_id == plans[1].trajectory_id and plans[0].key != plans[1].key
+    records = [
+        StepRecord(
+            policy="none",
+            trajectory_id=p.trajectory_id,
+            trajectory_key=p.key,
+            session_id="s",
+            step=s.step,
+            message_index=s.message_index,
+            status="ok",
+            latency_s=0.1,
+        )
+        for p in plans[:1]
+        for s in p.steps
+    ]
+    (only_first,) = replayed_frontier(records, [SWE, rerun])[:1]
+    assert only_first == recency_frontier([SWE], ks=(1,), max_steps=2)[0]

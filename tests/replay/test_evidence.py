@@ -1,11 +1,11 @@
-"""Evidence availability on hand-made conversations with known answers."""
+"""Evidence availability (``replay/evidence.py``) on hand-made conversations
+with known answers, and the recency frontier."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
+from tests.support.replay import B0, B1, B2, B3, PREFIX, SWE, bash, call, tool
 from vllm_pamer.replay.evidence import (
     FrontierPoint,
     availability,
@@ -19,21 +19,6 @@ from vllm_pamer.replay.evidence import (
     recent_k_context,
 )
 from vllm_pamer.trajectories import agent_requests, load_trajectories
-
-
-def call(name: str, call_id: str, **arguments) -> dict:
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
-
-
-def bash(command: str, call_id: str, text: str = "") -> dict:
-    return {"role": "assistant", "content": text, "tool_calls": [call("bash", call_id, command=command)]}
-
-
-def tool(call_id: str, content: str) -> dict:
-    return {"role": "tool", "tool_call_id": call_id, "content": content}
-
-
-# --- tau-bench style --------------------------------------------------------------
 
 TAU_HISTORY = [
     {"role": "system", "content": "You are an airline agent."},
@@ -63,19 +48,6 @@ def test_tau_needed_values_come_from_observations():
     # HAT136 (tool result) and the user id (user message) are evidence; 350.50 was
     # only the agent's own words; ZZZ999 appears nowhere before.
     assert needed_values(TAU_HISTORY, action, "tau") == {"HAT136", "chen_lee_6825"}
-
-
-# --- mini-swe style -----------------------------------------------------------------
-
-PREFIX = [
-    {"role": "system", "content": "You are a coding agent."},
-    {"role": "user", "content": "Fix compute_total in the package."},
-]
-B0 = [bash('find . -name "*.py"', "s0"), tool("s0", "./pkg/alpha_module.py\n./pkg/beta_module.py")]
-B1 = [bash("cat pkg/alpha_module.py", "s1"), tool("s1", "def compute_total(values):\n    return sum(values)")]
-B2 = [bash("grep -n compute_total pkg/beta_module.py", "s2"), tool("s2", "no match")]
-B3 = [bash("python pkg/beta_module.py", "s3"), tool("s3", "ok")]
-SWE = {"id": "toy", "source": "mini-swe-agent/toy", "messages": PREFIX + B0 + B1 + B2 + B3}
 
 
 def test_command_identifiers():
@@ -196,31 +168,3 @@ def test_frontier_matches_the_per_step_functions(kind):
     assert point.needed == needed > 0
     assert point.availability == pytest.approx(kept / needed)
     assert point.readable == pytest.approx(readable / needed)
-
-
-def test_duplicate_ids_are_replayed_and_measured_apart():
-    """Several runs of one task share an id in real traces: the frontier of a
-    replay covers exactly the runs replayed, not every run of that id."""
-    from vllm_pamer.replay.client import plan_replay
-    from vllm_pamer.replay.records import StepRecord
-    from vllm_pamer.replay.report import replayed_frontier
-
-    rerun = {**SWE, "messages": SWE["messages"] + SWE["messages"][2:6]}  # same id, another run
-    plans = plan_replay([SWE, rerun], max_steps=2)
-    assert plans[0].trajectory_id == plans[1].trajectory_id and plans[0].key != plans[1].key
-    records = [
-        StepRecord(
-            policy="none",
-            trajectory_id=p.trajectory_id,
-            trajectory_key=p.key,
-            session_id="s",
-            step=s.step,
-            message_index=s.message_index,
-            status="ok",
-            latency_s=0.1,
-        )
-        for p in plans[:1]
-        for s in p.steps
-    ]
-    (only_first,) = replayed_frontier(records, [SWE, rerun])[:1]
-    assert only_first == recency_frontier([SWE], ks=(1,), max_steps=2)[0]

@@ -1,4 +1,5 @@
-"""The replay client against an in-process fake server (httpx.MockTransport): no engine."""
+"""The replay client (``replay/client.py``) against an in-process fake server
+(httpx.MockTransport): no engine."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 import httpx
 import pytest
 
-from tests.test_replay_evidence import SWE
+from tests.support.replay import SWE
 from vllm_pamer.replay.client import ReplaySettings, model_action, plan_replay, replay_policy, served_model
 from vllm_pamer.replay.evidence import context_chars, recent_k_context
 

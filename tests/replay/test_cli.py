@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.test_replay_runs import unit
+from tests.support.replay import unit
 from vllm_pamer.replay.cli import main
 from vllm_pamer.replay.runs import UnitStore
 from vllm_pamer.trajectories import load_trajectories
