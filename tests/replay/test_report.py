@@ -8,6 +8,7 @@ import json
 import msgspec
 import pytest
 
+from tests.support.markdown import cells, table
 from tests.support.replay import RECORDS, RUNS, SWE, rec
 from vllm_pamer.replay.evidence import (
     availability,
@@ -65,12 +66,36 @@ def test_jaccard():
 
 def test_markdown_table_and_files(tmp_path):
     rows = write_report(tmp_path, RECORDS, RUNS)
-    table = markdown_table(rows)
-    lines = table.splitlines()
-    assert lines[0].startswith("| policy | trajectories |") and len(lines) == 4
+    shown = table(markdown_table(rows))
+    assert list(shown) == ["none", "recent_k"]
     # answered / min (refused excluded) beside requests / min; no compaction, no cache break
-    assert "| none | 2 | 3 | 1 | 312 | 250 | 600 | 50.0% | 3.00 | 4.00 | 3 | - | 0 | 0 | - | 100.0% | 100.0% |" in table
-    assert "| recent_k | 2 | 4 | 0 |" in lines[3] and "66.7% | 0.50 |" in lines[3]
+    none = {
+        "trajectories": "2",
+        "requests answered": "3",
+        "beyond window": "1",
+        "tokens / trajectory": "312",
+        "mean peak context": "250",
+        "prefill computed": "600",
+        "peak KV": "50.0%",
+        "answered / min": "3.00",
+        "requests / min": "4.00",
+        "preemptions": "3",
+        "cache hits": "-",
+        "compactions": "0",
+        "cache-break tokens": "0",
+        "recall changes": "-",
+        "evidence availability": "100.0%",
+        "chars share": "100.0%",
+    }
+    assert cells(shown["none"], *none) == none
+    recent = {
+        "trajectories": "2",
+        "requests answered": "4",
+        "beyond window": "0",
+        "same tool as none": "66.7%",
+        "arg overlap with none": "0.50",
+    }
+    assert cells(shown["recent_k"], *recent) == recent
     assert read_records(tmp_path / "records.jsonl") == RECORDS
     assert [r.policy for r in read_runs(tmp_path / "runs.json")] == ["none", "recent_k"]
     assert json.loads((tmp_path / "summary.json").read_text())[1]["agree_tool"] == pytest.approx(2 / 3)
@@ -111,8 +136,13 @@ def test_runs_of_one_policy_merge_and_kinds_get_their_own_tables(tmp_path):
     assert read_records(tmp_path / "records.jsonl.gz") == tau + swe
     report = (tmp_path / "report.md").read_text()
     assert report.startswith("# Policies") and "## tau-bench" in report and "## mini-swe" in report
-    tau_table = report.split("## tau-bench")[1].split("##")[0]
-    assert "| none | 1 | 2 | 0 |" in tau_table and "| 300 |" in tau_table  # tau-0's counters alone
+    tau = table(report, below="## tau-bench")["none"]
+    assert cells(tau, "trajectories", "requests answered", "beyond window") == {
+        "trajectories": "1",
+        "requests answered": "2",
+        "beyond window": "0",
+    }
+    assert tau["prefill computed"] == "300"  # tau-0's counters alone
     assert (tmp_path / "context_per_turn_swe.png").read_bytes()[:4] == b"\x89PNG"
     assert "cost_vs_evidence_tau.png" in report and not (tmp_path / "cost_vs_evidence.png").exists()
 
@@ -144,7 +174,7 @@ def test_over_recency_reads_zero_for_recent_k_on_the_same_requests(tmp_path):
     assert recent.over_recency == pytest.approx(0.0, abs=1e-9)
     assert recent.evidence_availability < 1.0
     assert oracle.over_recency == pytest.approx(1.0 - recent.evidence_availability)
-    assert "| +0.0 pt |" in markdown_table([recent])
+    assert table(markdown_table([recent]))["recent_k"]["over recency"] == "+0.0 pt"
     assert (tmp_path / "evidence_vs_chars.png").read_bytes()[:4] == b"\x89PNG"
     assert "evidence_vs_chars.png" in (tmp_path / "report.md").read_text()
     assert write_report(tmp_path / "no-trajectories", records, runs)[0].over_recency is None
