@@ -76,54 +76,8 @@ def test_cpu_paths_never_import_triton():
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
-
-@cuda
-@pytest.mark.parametrize("x_dtype", ["fp32", "bf16"])
-@pytest.mark.parametrize("batch", [1, 7, 64, 128, 1024])
-def test_cuda_dispatch_uses_triton_and_matches(batch, x_dtype, monkeypatch):
-    # not `import kernels.five_head_vote as module`: the package re-exports the function
-    # under the module's name, and that import form returns the attribute
-    module = importlib.import_module("vllm_pamer.kernels.five_head_vote")
-
-    calls = []
-    launch = module.five_head_vote_triton
-    monkeypatch.setattr(module, "five_head_vote_triton", lambda *a, **k: calls.append(1) or launch(*a, **k))
-    args, logits64 = vote_problem(batch, 4096, x_dtype=DTYPES[x_dtype], seed=batch)
-    got = five_head_vote(*[t.cuda() for t in args], min_votes=3)
-    assert calls and got[0].is_cuda
-    check_vote(got, logits64, args[5], 3)
-    # bf16 rows and heads: the tensor-core path
-    args16, logits16 = vote_problem(batch, 4096, x_dtype=torch.bfloat16, w_dtype=torch.bfloat16, seed=batch)
-    check_vote(five_head_vote(*[t.cuda() for t in args16], min_votes=3), logits16, args16[5], 3)
-
-
-@cuda
-@pytest.mark.parametrize("bf16_heads", [False, True])
-def test_cuda_graph_replays_equal_direct_launches(bf16_heads):
-    """Each bucket captured once and replayed: every batch size from 1 to past
-    the largest graph gives what a direct launch gives."""
-    args, _ = vote_problem(600, 4096, x_dtype=torch.bfloat16, seed=5)
-    cuda_args = [t.cuda() for t in args]
-    held = FiveHeadVote(*cuda_args[1:], min_votes=3, device="cuda", bf16_heads=bf16_heads)
-    for rows in (1, 2, 3, 7, 16, 9, 100, 512, 600, 1):
-        x = cuda_args[0][:rows]
-        got = [t.clone() for t in held(x)]
-        want = held.direct(x)
-        for g, w in zip(got, want):
-            assert torch.equal(g, w), rows
-    assert held.graphs and len(held._graphs) == 7  # buckets 1, 2, 4, 8, 16, 128, 512; 600 launched directly
-
-
-def test_triton_kernel_under_interpreter():
-    """``interp_five_head_vote.py``: the Triton kernel on CPU tensors against the float64 oracle."""
-    run_interpreted(Path(__file__).with_name("interp_five_head_vote.py"))
-
-
-def test_triton_kernel_compiles_for_nvidia_without_spills():
-    """At the tiles the launcher plans (4 shapes) for H200 targets, without a GPU."""
-    check_compiles_without_spills("five_head_vote", variants=4)
+# the reference on random heads files' weights (core/heads.py), against float64
+# with GELU's erf written out, one head at a time
 
 
 def _independent_logits(x, w1, b1, w2, b2) -> np.ndarray:
@@ -187,3 +141,53 @@ def test_five_head_vote_extreme_thresholds():
     assert votes.tolist() == [5] * 4 and decision.all()
     _, votes, decision = five_head_vote_reference(*args, high, min_votes=1)
     assert votes.tolist() == [0] * 4 and not decision.any()
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@cuda
+@pytest.mark.parametrize("x_dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("batch", [1, 7, 64, 128, 1024])
+def test_cuda_dispatch_uses_triton_and_matches(batch, x_dtype, monkeypatch):
+    # not `import kernels.five_head_vote as module`: the package re-exports the function
+    # under the module's name, and that import form returns the attribute
+    module = importlib.import_module("vllm_pamer.kernels.five_head_vote")
+
+    calls = []
+    launch = module.five_head_vote_triton
+    monkeypatch.setattr(module, "five_head_vote_triton", lambda *a, **k: calls.append(1) or launch(*a, **k))
+    args, logits64 = vote_problem(batch, 4096, x_dtype=DTYPES[x_dtype], seed=batch)
+    got = five_head_vote(*[t.cuda() for t in args], min_votes=3)
+    assert calls and got[0].is_cuda
+    check_vote(got, logits64, args[5], 3)
+    # bf16 rows and heads: the tensor-core path
+    args16, logits16 = vote_problem(batch, 4096, x_dtype=torch.bfloat16, w_dtype=torch.bfloat16, seed=batch)
+    check_vote(five_head_vote(*[t.cuda() for t in args16], min_votes=3), logits16, args16[5], 3)
+
+
+@cuda
+@pytest.mark.parametrize("bf16_heads", [False, True])
+def test_cuda_graph_replays_equal_direct_launches(bf16_heads):
+    """Each bucket captured once and replayed: every batch size from 1 to past
+    the largest graph gives what a direct launch gives."""
+    args, _ = vote_problem(600, 4096, x_dtype=torch.bfloat16, seed=5)
+    cuda_args = [t.cuda() for t in args]
+    held = FiveHeadVote(*cuda_args[1:], min_votes=3, device="cuda", bf16_heads=bf16_heads)
+    for rows in (1, 2, 3, 7, 16, 9, 100, 512, 600, 1):
+        x = cuda_args[0][:rows]
+        got = [t.clone() for t in held(x)]
+        want = held.direct(x)
+        for g, w in zip(got, want):
+            assert torch.equal(g, w), rows
+    assert held.graphs and len(held._graphs) == 7  # buckets 1, 2, 4, 8, 16, 128, 512; 600 launched directly
+
+
+def test_triton_kernel_under_interpreter():
+    """``interp_five_head_vote.py``: the Triton kernel on CPU tensors against the float64 oracle."""
+    run_interpreted(Path(__file__).with_name("interp_five_head_vote.py"))
+
+
+def test_triton_kernel_compiles_for_nvidia_without_spills():
+    """At the tiles the launcher plans (4 shapes) for H200 targets, without a GPU."""
+    check_compiles_without_spills("five_head_vote", variants=4)
