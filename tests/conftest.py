@@ -47,6 +47,14 @@ def pg_cluster():
     cluster.stop()
 
 
+@pytest.fixture
+def store(tmp_path):
+    """A SQLite memory store on this test's own file (the policy tests' store)."""
+    from vllm_pamer.stores.sqlite import SqliteStore
+
+    return SqliteStore(tmp_path / "memory.sqlite3", model_fingerprint="test")
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
 def make_store(request, tmp_path):
     """``make_store(limits=...)``: a store object on this test's own database,

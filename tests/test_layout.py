@@ -1,10 +1,12 @@
 """The layout's guardrails that the import contracts cannot state: every
 module is under one of them, long modules (of the package and of the
-benchmarks) say why, and the README documents every setting and every policy
-option the code has."""
+benchmarks) say why, the tests mirror the source tree (the rule:
+``tests/__init__.py``), and the README documents every setting and every
+policy option the code has."""
 
 from __future__ import annotations
 
+import ast
 import pkgutil
 import re
 from pathlib import Path
@@ -40,6 +42,67 @@ def test_long_modules_say_why_at_their_top():
         if len(lines) > LONG and f"longer than {LONG} lines" not in head.lower():
             unexplained.append(f"{path.relative_to(ROOT)} ({len(lines)} lines)")
     assert not unexplained, "modules over ~400 lines without a reason at their top: " + ", ".join(unexplained)
+
+
+TESTS = ROOT / "tests"
+WHOLE_PRODUCT = ("e2e", "support")  # folders of tests/ that mirror no package (tests/__init__.py)
+
+
+def why_misplaced(test: Path) -> str | None:
+    """Why ``test``, a file of a mirroring folder of tests/, breaks the rule of
+    tests/__init__.py; None when it keeps it."""
+    if test.name in ("__init__.py", "conftest.py"):
+        return None
+    match = re.fullmatch(r"(test|interp)_(\w+)\.py", test.name)
+    if not match:
+        return "neither a test module (test_*.py) nor a package file: test support belongs in tests/support/"
+    folder = test.parent.relative_to(TESTS).parts
+    source = ROOT.joinpath(*folder) if folder[:1] == ("benchmarks",) else ROOT.joinpath("vllm_pamer", *folder)
+    kind, name = match.groups()
+    modules = {module.stem.strip("_") for module in source.glob("*.py")}
+    if not any(name == module or name.startswith(module + "_") for module in modules):
+        return (
+            f"names no module of {source.relative_to(ROOT)}/"
+            if source.is_dir()
+            else f"no package {source.relative_to(ROOT)}/"
+        )
+    runner = test.with_name(f"test_{name}.py")
+    if kind == "interp" and not (runner.exists() and test.name in runner.read_text()):
+        return f"runs in a fresh process, but no test_{name}.py beside it runs it"
+    return None
+
+
+def test_the_tests_mirror_the_source_tree():
+    broken = []
+    for test in sorted(TESTS.rglob("*.py")):
+        relative = test.relative_to(TESTS)
+        if relative == Path("test_layout.py") or relative.parts[0] in WHOLE_PRODUCT:
+            continue
+        reason = why_misplaced(test)
+        if reason:
+            broken.append(f"tests/{relative}: {reason}")
+    for folder in sorted({test.parent for test in TESTS.rglob("*.py")}):
+        if not (folder / "__init__.py").exists():
+            broken.append(f"{folder.relative_to(ROOT)}/ has no __init__.py (same basenames in two folders clash)")
+    assert not broken, "tests outside the rule of tests/__init__.py:\n" + "\n".join(broken)
+
+
+def test_test_support_holds_no_test_and_no_test_module_imports_another():
+    broken = []
+    for path in sorted(TESTS.rglob("*.py")):
+        relative = path.relative_to(TESTS)
+        tree = ast.parse(path.read_text())
+        if relative.parts[0] == "support":
+            tests = [n.name for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")]
+            if path.name.startswith("test_") or tests:
+                broken.append(f"tests/{relative} holds tests: {tests or path.name}")
+            continue
+        imported = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
+        imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        others = [m for m in imported if m.startswith("tests.") and not m.startswith("tests.support")]
+        if others:
+            broken.append(f"tests/{relative} imports {', '.join(others)}: shared code belongs in tests/support/")
+    assert not broken, "\n".join(broken)
 
 
 def readme() -> str:

@@ -3,7 +3,7 @@ records come back from the channel in prompt order, a state lost once is asked
 for again, one lost for good or captured twice is an error, texts are
 tokenized as the server embeds them, and the heads and sampling fields reach
 the engine. The adapter (``adapters/offline.py``) is a stand-in whose
-generate call publishes what a worker would; ``tests/engine/test_capture_engine.py``
+generate call publishes what a worker would; ``tests/worker/test_capture_engine.py``
 runs a real engine."""
 
 from __future__ import annotations

@@ -132,3 +132,10 @@ def test_flags_override_the_environment():
     assert (settings.capture_wait_s, settings.embedder) == (0.5, "minilm")  # the unflagged one from the env
     with pytest.raises(ValueError, match="--pamer-policy-options"):
         Settings().with_flags(parser.parse_args(["--pamer-policy-options", "{k: 3}"]))
+
+
+def test_the_default_allow_list_is_the_servers_policy_the_cheap_baselines_and_the_named_variants():
+    default = Settings(policy="pamer", options_by_policy={"recent_10": {"policy": "recent_k", "k": 10}})
+    assert default.client_policies == {"pamer", "none", "recent_k", "recent_10"}
+    assert Settings(allowed_policies="*").client_policies is None
+    assert Settings(allowed_policies="none, sam").client_policies == {"none", "sam"}

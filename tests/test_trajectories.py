@@ -15,7 +15,9 @@ FILES = [SHARED / "tau_airline.jsonl.gz", SHARED / "mini_swe.jsonl.gz"]
 
 def test_a_task_is_its_trials():
     assert task_of("airline-task14-trial1") == task_of("airline-task14-trial12") == "airline-task14"
-    assert task_of("django__django-14752") == "django__django-14752"
+    assert task_of("retail-task3-trial0") == "retail-task3"
+    assert task_of("django__django-14752") == "django__django-14752"  # a mini-swe instance is its own task
+    assert task_of("airline-task14") == "airline-task14"
 
 
 @pytest.mark.skipif(not all(f.exists() for f in FILES), reason="the shared trajectories are not beside the checkout")

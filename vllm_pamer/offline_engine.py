@@ -4,7 +4,7 @@ texts, tokenized as the server embeds them) through vLLM's ``LLM``, each
 tagged with a capture key, and collects each prompt's capture record from the
 PULL end of the capture channel (``vllm_pamer.channel``), bound in this
 process. ``vllm-pamer extract``, ``benchmarks/retrieval.py`` and the engine
-tests (``tests/engine/``) drive it; the vLLM calls themselves are in
+tests (marker ``engine``) drive it; the vLLM calls themselves are in
 ``vllm_pamer.adapters.offline``.
 """
 

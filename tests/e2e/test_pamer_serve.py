@@ -13,7 +13,7 @@ import time
 import pytest
 import requests
 
-from tests.fakes import blocking
+from tests.support.fakes import blocking
 from tests.support.serve import TRAJECTORY, chat, client_for, start_pamer_server
 from vllm_pamer.core.blocks import protocol_issues, split_conversation
 from vllm_pamer.core.policies.summary_writer import MEMORY_HEADER

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.fakes import blocking
+from tests.support.fakes import blocking
 from tests.support.scale import min_cosine, run_failover, run_mode, user_turns
 from tests.support.serve import chat, client_for, start_pamer_server
 from tests.support.tiny_models import build_tiny_model

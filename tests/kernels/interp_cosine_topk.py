@@ -1,8 +1,9 @@
 """The cosine Top-K Triton kernel (tile pass + merge) under the Triton interpreter (CPU
 tensors) against the float64 oracle. Not collected by a plain ``pytest``
-(no test_ prefix): ``test_triton_interpreter.py`` runs this module in a fresh
-process with TRITON_INTERPRET=1 (see there why). N stays in the thousands
-here (the interpreter is slow); large N is tested on the torch path."""
+(no test_ prefix): ``test_cosine_topk.py`` runs this module in a fresh
+process with TRITON_INTERPRET=1 (``tests/support/kernels/fresh_process.py``
+says why). N stays in the thousands here (the interpreter is slow); large N is
+tested on the torch path."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.kernels.oracles import (
+from tests.support.kernels.oracles import (
     check_topk,
     poisoned_topk_outputs,
     tie_problem,

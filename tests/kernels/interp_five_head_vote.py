@@ -1,7 +1,8 @@
 """The fused five-head vote Triton kernel under the Triton interpreter (CPU
 tensors) against the float64 oracle. Not collected by a plain ``pytest``
-(no test_ prefix): ``test_triton_interpreter.py`` runs this module in a fresh
-process with TRITON_INTERPRET=1 (see there why)."""
+(no test_ prefix): ``test_five_head_vote.py`` runs this module in a fresh
+process with TRITON_INTERPRET=1 (``tests/support/kernels/fresh_process.py``
+says why)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.kernels.oracles import check_vote, poisoned_vote_outputs, vote_problem
+from tests.support.kernels.oracles import check_vote, poisoned_vote_outputs, vote_problem
 from vllm_pamer.kernels import five_head_vote_triton
 from vllm_pamer.kernels._five_head_vote_triton import _five_head_vote_kernel
 from vllm_pamer.kernels._triton_utils import is_interpreted

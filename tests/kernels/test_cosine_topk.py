@@ -1,17 +1,21 @@
 """cosine_topk on the torch path (the CPU path and the oracle of the Triton
 kernel) against the float64 numpy oracle, including N = 1,000,000, input
-checks, dispatch, and (with a GPU) the Triton kernel on CUDA. The Triton
-kernel on CPU is in interp_cosine_topk.py."""
+checks, dispatch, and (with a GPU) the Triton kernel on CUDA. In fresh
+processes (``tests/support/kernels/fresh_process.py``): the Triton kernel on
+CPU under the Triton interpreter (``interp_cosine_topk.py``), and compiled for
+NVIDIA GPUs."""
 
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from tests.kernels.oracles import check_topk, tie_problem, topk_exact_oracle, topk_problem
+from tests.support.kernels.fresh_process import check_compiles_without_spills, run_interpreted
+from tests.support.kernels.oracles import check_topk, tie_problem, topk_exact_oracle, topk_problem
 from vllm_pamer.kernels import cosine_topk, cosine_topk_reference
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -126,3 +130,13 @@ def test_cuda_dispatch_by_measured_size_and_both_paths_match(batch, dtype, from_
     ties = tie_problem(batch=20, n=3000)
     indices, _ = module.cosine_topk_triton(*(t.cuda() for t in ties), 8)
     np.testing.assert_array_equal(indices.cpu().numpy(), topk_exact_oracle(*ties, 8))
+
+
+def test_triton_kernel_under_interpreter():
+    """``interp_cosine_topk.py``: the Triton kernel on CPU tensors against the float64 oracle."""
+    run_interpreted(Path(__file__).with_name("interp_cosine_topk.py"))
+
+
+def test_triton_kernel_compiles_for_nvidia_without_spills():
+    """At the tiles the launcher plans (5 shapes) for H200 and A100 targets, without a GPU."""
+    check_compiles_without_spills("cosine_topk", variants=5)

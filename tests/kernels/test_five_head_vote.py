@@ -1,17 +1,25 @@
 """five_head_vote on the torch path (the CPU path and the oracle of the Triton
 kernel) against the float64 numpy oracle, dispatch, and (with a GPU) the
-Triton kernel on CUDA. The Triton kernel on CPU is in interp_five_head_vote.py."""
+Triton kernel on CUDA. In fresh processes
+(``tests/support/kernels/fresh_process.py``): the Triton kernel on CPU under
+the Triton interpreter (``interp_five_head_vote.py``), and compiled for NVIDIA
+GPUs."""
 
 from __future__ import annotations
 
 import importlib
+import math
 import subprocess
 import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
-from tests.kernels.oracles import check_vote, vote_problem
+from tests.support.kernels.fresh_process import check_compiles_without_spills, run_interpreted
+from tests.support.kernels.oracles import check_vote, vote_problem
+from vllm_pamer.core.heads import NUM_HEADS, ModelFingerprint, random_heads
 from vllm_pamer.kernels import FiveHeadVote, five_head_vote, five_head_vote_reference
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -68,6 +76,73 @@ def test_cpu_paths_never_import_triton():
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
+# the reference on random heads files' weights (core/heads.py), against float64
+# with GELU's erf written out, one head at a time
+
+
+def _independent_logits(x, w1, b1, w2, b2) -> np.ndarray:
+    """float64, one head at a time, GELU written out with erf."""
+    x64 = x.astype(np.float64)
+    out = np.empty((x.shape[0], w1.shape[0]))
+    erf = np.vectorize(math.erf)
+    for h in range(w1.shape[0]):
+        z = x64 @ w1[h].astype(np.float64) + b1[h].astype(np.float64)
+        g = 0.5 * z * (1.0 + erf(z / math.sqrt(2.0)))
+        out[:, h] = g @ w2[h].astype(np.float64) + float(b2[h])
+    return out
+
+
+def _random_problem(batch: int, d: int, seed: int):
+    rng = np.random.default_rng(seed)
+    fp = ModelFingerprint("LlamaForCausalLM", d, 2, 100)
+    heads = random_heads(fp, seed=seed)
+    x = rng.standard_normal((batch, d)).astype(np.float32)
+    x[x == 0] = 0.5  # non-zero inputs
+    logits64 = _independent_logits(x, heads.w1, heads.b1, heads.w2, heads.b2)
+    # thresholds spread over the logits' range, so votes take several values
+    thresholds = (rng.standard_normal(NUM_HEADS) * logits64.std() * 0.5 + logits64.mean()).astype(np.float32)
+    return x, heads, thresholds, logits64
+
+
+@pytest.mark.parametrize("d", [64, 576])
+@pytest.mark.parametrize("batch", [1, 7, 64])
+def test_five_head_vote_reference_matches_float64(batch, d):
+    x, heads, thresholds, expected = _random_problem(batch, d, seed=batch * 1000 + d)
+    args = [torch.from_numpy(a) for a in (x, heads.w1, heads.b1, heads.w2, heads.b2, thresholds)]
+    clear = (np.abs(expected - thresholds.astype(np.float64)) > 1e-4).all(axis=1)
+    assert clear.any()
+    expected_votes = (expected > thresholds.astype(np.float64)).sum(axis=1)
+    if batch == 64:
+        assert len(set(expected_votes.tolist())) > 1  # the thresholds split the batch
+    for min_votes in (1, 3, 5):
+        logits, votes, decision = five_head_vote_reference(*args, min_votes=min_votes)
+        assert logits.shape == (batch, NUM_HEADS) and logits.dtype == torch.float32
+        assert votes.shape == (batch,) and votes.dtype == torch.int32
+        assert decision.shape == (batch,) and decision.dtype == torch.bool
+        np.testing.assert_allclose(logits.numpy(), expected, atol=1e-4, rtol=1e-4)
+        np.testing.assert_array_equal(votes.numpy()[clear], expected_votes[clear])
+        np.testing.assert_array_equal(decision.numpy(), votes.numpy() >= min_votes)
+        np.testing.assert_array_equal(decision.numpy()[clear], expected_votes[clear] >= min_votes)
+
+
+def test_five_head_vote_dispatch_matches_reference_on_cpu():
+    x, heads, thresholds, _ = _random_problem(5, 64, seed=7)
+    args = [torch.from_numpy(a) for a in (x, heads.w1, heads.b1, heads.w2, heads.b2, thresholds)]
+    for got, want in zip(five_head_vote(*args, min_votes=2), five_head_vote_reference(*args, min_votes=2)):
+        assert torch.equal(got, want)
+
+
+def test_five_head_vote_extreme_thresholds():
+    x, heads, _, _ = _random_problem(4, 64, seed=11)
+    args = [torch.from_numpy(a) for a in (x, heads.w1, heads.b1, heads.w2, heads.b2)]
+    low = torch.full((NUM_HEADS,), -1e6)
+    high = torch.full((NUM_HEADS,), 1e6)
+    _, votes, decision = five_head_vote_reference(*args, low, min_votes=5)
+    assert votes.tolist() == [5] * 4 and decision.all()
+    _, votes, decision = five_head_vote_reference(*args, high, min_votes=1)
+    assert votes.tolist() == [0] * 4 and not decision.any()
+
+
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
@@ -106,3 +181,13 @@ def test_cuda_graph_replays_equal_direct_launches(bf16_heads):
         for g, w in zip(got, want):
             assert torch.equal(g, w), rows
     assert held.graphs and len(held._graphs) == 7  # buckets 1, 2, 4, 8, 16, 128, 512; 600 launched directly
+
+
+def test_triton_kernel_under_interpreter():
+    """``interp_five_head_vote.py``: the Triton kernel on CPU tensors against the float64 oracle."""
+    run_interpreted(Path(__file__).with_name("interp_five_head_vote.py"))
+
+
+def test_triton_kernel_compiles_for_nvidia_without_spills():
+    """At the tiles the launcher plans (4 shapes) for H200 targets, without a GPU."""
+    check_compiles_without_spills("five_head_vote", variants=4)

@@ -19,7 +19,7 @@ ARCHITECTURES: dict[str, dict] = {
     "granite": {},
     "olmo2": {},
 }
-"""The architectures the capture tests build (``tests/engine/test_capture_engine.py``)."""
+"""The architectures the capture tests build (``tests/worker/test_capture_engine.py``)."""
 
 
 def build_tiny_model(kind: str, out_dir: Path, tokenizer_dir: Path, seed: int = 0) -> Path:

@@ -5,9 +5,10 @@ Each adapter package lists what it reads (``<package>/touch_points.py``);
 ``check`` looks for a touch point's names in the syntax tree of one source
 file. Its facts (``<package>/touch_points.json``) hold, per vLLM series that
 ``ADAPTERS`` maps to the package, the wheel read (file name and sha256) and
-what each touch point found in it. ``tests/test_touch_points.py`` checks in
-every run that the facts cover every series of the table and every touch point
-as it is now, and checks them against the wheel itself when it is at hand.
+what each touch point found in it. ``tests/adapters/test_touch_facts.py``
+checks in every run that the facts cover every series of the table and every
+touch point as it is now, and checks them against the wheel itself when it is
+at hand.
 
 Re-record the facts (after a touch point changed) with
 

@@ -144,7 +144,7 @@ def plan(
     block_e: int | None = None,
 ) -> dict:
     """Tiles, grid and compile-time constants of one launch. Shared with
-    tests/kernels/compile_check.py, which compiles what this plans."""
+    tests/support/kernels/compile_check.py, which compiles what this plans."""
     block_b = block_b or min(64, max(16, next_pow2(B)))
     # bf16 x bf16 on tensor cores; the interpreter's tl.dot multiplies bf16 as
     # raw uint16 bits, so there bf16 goes through fp32 (same products, exact)

@@ -183,7 +183,7 @@ def plan(
 ) -> dict:
     """Tiles, grid and compile-time constants of one launch; ``programs`` is
     how many programs keep the GPU busy (1 under the interpreter). Shared
-    with tests/kernels/compile_check.py, which compiles what this plans."""
+    with tests/support/kernels/compile_check.py, which compiles what this plans."""
     block_b = block_b or min(64, max(16, next_pow2(B)))
     if interpreted:
         # the interpreter pays per operation, not per element: few big tiles

@@ -80,7 +80,7 @@ class FiveHeadVote:
     replay are views of the graph's buffers: valid until the next call.
     ``bf16_heads``: bf16 rows (a bf16 engine's) are voted on with W1 in bf16,
     which halves the bytes read; the products stay exact and the sums fp32
-    (``tests/engine/test_heads_bf16.py`` checks the decisions on real states).
+    (``tests/kernels/test_five_head_vote_bf16.py`` checks the decisions on real states).
     Rows of other dtypes use W1 as given."""
 
     def __init__(

@@ -7,6 +7,9 @@ vllm-pamer server, one policy at a time, with what each policy cost and kept.
 * ``records``: the per-request, per-run and per-policy records;
 * ``prometheus``: reading /metrics;
 * ``report``: the per-policy table and JSON; ``plots``: its plots;
+  ``readings``: the rows' evidence by the one rule on common requests, and
+  their next-action likelihood against the full history and recency;
+* ``likelihood``: the recorded next action scored given what a policy sent;
 * ``runs``: a resumable run over sittings (groups, saved units, the settings
   a resume repeats); ``run_report``: its report over the finished groups;
 * ``variants``: named policy variants served side by side;

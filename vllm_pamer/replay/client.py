@@ -40,6 +40,7 @@ from vllm_pamer.replay.evidence import (
     readings,
     trajectory_kind,
 )
+from vllm_pamer.replay.likelihood import Scored, action_likelihood
 from vllm_pamer.replay.records import RunSummary, StepRecord
 from vllm_pamer.salient import action_values
 from vllm_pamer.trajectories import agent_requests, trajectory_key
@@ -193,16 +194,6 @@ def _error_message(response: httpx.Response) -> str:
         return response.text[:2000]
 
 
-class _Scored(msgspec.Struct):
-    """What the likelihood pass needs of an answered request."""
-
-    record: StepRecord
-    plan: TrajectoryPlan
-    step: ReplayStep
-    sent: list[Message]
-    prompt_ids: list[int]
-
-
 async def send_step(
     client: httpx.AsyncClient,
     settings: ReplaySettings,
@@ -211,7 +202,7 @@ async def send_step(
     session_id: str,
     plan: TrajectoryPlan,
     step: ReplayStep,
-    keep: list[_Scored] | None = None,
+    keep: list[Scored] | None = None,
 ) -> StepRecord:
     """One request; errors become records (a prompt over the window is
     ``beyond_window``). ``keep``: where an answered request is kept for the
@@ -279,54 +270,8 @@ async def send_step(
         record.chars_share = record.chars_sent / step.chars_original if step.chars_original else None
         prompt_ids = data.get("prompt_token_ids")
         if keep is not None and isinstance(prompt_ids, list) and step.action:
-            keep.append(_Scored(record, plan, step, sent, prompt_ids))
+            keep.append(Scored(record, plan.tools, step.action, sent, prompt_ids))
     return record
-
-
-async def action_likelihood(
-    client: httpx.AsyncClient, settings: ReplaySettings, model: str, scored: _Scored
-) -> tuple[float, int] | None:
-    """The recorded next action's mean log-probability per token given what
-    the policy sent, and its token count: teacher forced, the action appended
-    as the assistant turn (left open), its tokens read from vLLM's prompt
-    log-probabilities after the policy's own prompt (which must be a prefix of
-    this one). Sent with policy ``none`` and no session, so the plugin changes
-    nothing and keeps no state. None when it cannot be read."""
-    action = {k: v for k, v in scored.step.action.items() if k in ("role", "content", "tool_calls")}
-    body: dict[str, Any] = {
-        "model": model,
-        "messages": [*scored.sent, action],
-        "max_tokens": 1,
-        "temperature": 0,
-        "prompt_logprobs": 0,
-        "add_generation_prompt": False,
-        "continue_final_message": True,
-        "return_token_ids": True,
-    }
-    if scored.plan.tools:
-        body["tools"] = scored.plan.tools
-    try:
-        response = await client.post(
-            settings.url.rstrip("/") + "/v1/chat/completions",
-            json=body,
-            headers={"X-Pamer-Policy": "none"},
-            timeout=settings.timeout_s,
-        )
-    except httpx.HTTPError:
-        return None
-    if response.status_code != 200:
-        return None
-    data = response.json()
-    ids, logprobs, before = data.get("prompt_token_ids"), data.get("prompt_logprobs"), scored.prompt_ids
-    if not isinstance(ids, list) or not isinstance(logprobs, list) or ids[: len(before)] != before:
-        return None
-    values = []
-    for token, entry in zip(ids[len(before) :], logprobs[len(before) :]):
-        found = (entry or {}).get(str(token)) or (entry or {}).get(token)
-        if not isinstance(found, dict) or not isinstance(found.get("logprob"), int | float):
-            return None
-        values.append(float(found["logprob"]))
-    return (sum(values) / len(values), len(values)) if values else None
 
 
 async def replay_policy(
@@ -341,7 +286,7 @@ async def replay_policy(
         total=sum(len(p.steps) for p in plans), desc=f"replay {policy}", unit="req", disable=not settings.progress
     )
 
-    kept: list[_Scored] | None = [] if settings.likelihood else None
+    kept: list[Scored] | None = [] if settings.likelihood else None
 
     async def run_session(plan: TrajectoryPlan) -> None:
         session_id = f"{policy}-{uuid.uuid4().hex[:12]}"
@@ -383,9 +328,9 @@ async def replay_policy(
     if kept:  # after the run's metrics: these requests are no part of the policy's cost
         scoring = tqdm(total=len(kept), desc=f"likelihood {policy}", unit="req", disable=not settings.progress)
 
-        async def score(item: _Scored) -> None:
+        async def score(item: Scored) -> None:
             async with gate:
-                found = await action_likelihood(client, settings, model, item)
+                found = await action_likelihood(client, settings.url, settings.timeout_s, model, item)
             if found is not None:
                 item.record.action_logprob, item.record.action_tokens = found
             scoring.update(1)

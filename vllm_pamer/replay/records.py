@@ -142,6 +142,11 @@ class PolicyRow(msgspec.Struct, kw_only=True):
     recalls: int = 0
 
 
+def key_of(record: StepRecord) -> str:
+    """The record's trajectory, unique (its id for records from before keys)."""
+    return record.trajectory_key or record.trajectory_id
+
+
 def _open(path: str | Path, mode: str):
     """Plain or gzip (``.gz``) JSON lines."""
     return gzip.open(path, mode) if str(path).endswith(".gz") else open(path, mode)

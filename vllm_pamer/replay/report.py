@@ -43,7 +43,6 @@ trajectories) are merged: times, counters and trajectories add up.
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 from collections import defaultdict
@@ -57,7 +56,8 @@ import msgspec
 from vllm_pamer.replay import prometheus
 from vllm_pamer.replay.evidence import FrontierPoint, Reading, recency_at, recency_frontier
 from vllm_pamer.replay.plots import plot_all
-from vllm_pamer.replay.records import PolicyRow, RunSummary, StepRecord, write_records, write_runs
+from vllm_pamer.replay.readings import add_common, add_likelihood
+from vllm_pamer.replay.records import PolicyRow, RunSummary, StepRecord, key_of, write_records, write_runs
 
 BASELINE = "none"
 
@@ -234,11 +234,6 @@ def markdown_table(rows: Sequence[PolicyRow], columns: Sequence[tuple[str, str, 
     return "\n".join(lines)
 
 
-def key_of(record: StepRecord) -> str:
-    """The record's trajectory, unique (its id for records from before keys)."""
-    return record.trajectory_key or record.trajectory_id
-
-
 def replayed_frontier(records: Sequence[StepRecord], trajectories: Sequence[Mapping[str, Any]]) -> list[FrontierPoint]:
     """``recent_k``'s frontier (k = 1 .. the longest replay) on exactly the
     requests these records replayed: each trajectory up to its last step here."""
@@ -264,63 +259,6 @@ def add_over_recency(rows: Sequence[PolicyRow], frontier: Sequence[FrontierPoint
         row.over_recency = lead(row.evidence_availability, row.chars_share, "one_sided")
         row.readable_over_recency = lead(row.readable, row.chars_share, "readable")
         row.observed_over_recency = lead(row.observed, row.chars_share, "observed")
-
-
-def add_common(rows: Sequence[PolicyRow], records: Sequence[StepRecord]) -> None:
-    """Each row's readings on the requests every policy of ``rows`` answered
-    with an echo (so a refusal elsewhere weighs on no policy)."""
-    answered: dict[str, set[tuple[str, int]]] = defaultdict(set)
-    for r in records:
-        if r.status == "ok" and r.readable is not None:
-            answered[r.policy].add((key_of(r), r.step))
-    sets = [answered.get(row.policy, set()) for row in rows]
-    common = set.intersection(*sets) if sets else set()
-    for row in rows:
-        mine = [r for r in records if r.policy == row.policy and (key_of(r), r.step) in common]
-        wanted = sum(r.needs for r in mine)
-        row.common = len(common)
-        row.readable_common = _ratio(sum(r.readable or 0 for r in mine), wanted)
-        row.observed_common = _ratio(sum(r.observed or 0 for r in mine), wanted)
-
-
-RECENCY_POLICIES = ("recent_k", "sliding_window")
-"""Recency's rows: these policies, and variants named ``recent_<k>``."""
-
-
-def is_recency(policy: str) -> bool:
-    return policy in RECENCY_POLICIES or policy.startswith("recent_")
-
-
-def add_likelihood(rows: Sequence[PolicyRow], records: Sequence[StepRecord]) -> None:
-    """Each row's mean action log-probability, what it loses against ``none``
-    (the full history) on the requests both scored, and what recency loses at
-    the same chars share (linear between the ``recency`` rows)."""
-    scored: dict[str, dict[tuple[str, int], float]] = defaultdict(dict)
-    for r in records:
-        if r.action_logprob is not None:
-            scored[r.policy][(key_of(r), r.step)] = r.action_logprob
-    full = scored.get(BASELINE, {})
-    for row in rows:
-        mine = scored.get(row.policy, {})
-        row.action_logprob = mean(mine.values()) if mine else None
-        both = [k for k in mine if k in full]
-        row.logprob_lost = mean(full[k] - mine[k] for k in both) if both else None
-    curve = sorted(
-        (row.chars_share, row.logprob_lost)
-        for row in rows
-        if is_recency(row.policy) and row.chars_share is not None and row.logprob_lost is not None
-    )
-    for row in rows:
-        if row.chars_share is None or not curve or row.chars_share < curve[0][0]:
-            continue
-        row.logprob_lost_recency = _interpolate(curve, row.chars_share)
-
-
-def _interpolate(curve: Sequence[tuple[float, float]], x: float) -> float:
-    for (x0, y0), (x1, y1) in itertools.pairwise(curve):
-        if x <= x1:
-            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-    return curve[-1][1]
 
 
 EVIDENCE_COLUMNS: tuple[tuple[str, str, str], ...] = (

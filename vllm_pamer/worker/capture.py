@@ -41,7 +41,7 @@ def _torch_heads(heads: Heads, device: torch.device):
     """The heads on the capture device (``kernels.FiveHeadVote``); imported in
     the worker only. On CUDA a bf16 engine's rows are voted on with W1 in
     bf16: exact products, fp32 sums, and on real states the decisions of fp32
-    heads (``tests/engine/test_heads_bf16.py``)."""
+    heads (``tests/kernels/test_five_head_vote_bf16.py``)."""
     from vllm_pamer.kernels import FiveHeadVote
 
     w1, b1, w2, b2, thresholds = (torch.from_numpy(getattr(heads, n)) for n in ("w1", "b1", "w2", "b2", "thresholds"))

@@ -1,0 +1,59 @@
+"""The verbatim record of archived steps (``core/policies/pamer/record.py``):
+its budget, what it keeps first, and which blocks are most like the current work."""
+
+from __future__ import annotations
+
+import json
+
+from tests.support.fakes import conversation
+from vllm_pamer.core.blocks import Block, split_conversation
+from vllm_pamer.core.policies.pamer.record import RECORD_HEADER, relevance, step_record
+
+
+def test_the_record_respects_its_budget_and_cuts_the_least_alike_first():
+    blocks = list(split_conversation(conversation(6, chars=2000)).blocks)
+    current = list(split_conversation(conversation(7, chars=50)).blocks)[-1:]  # mentions ID6 only
+    full = step_record(blocks, current, 1_000_000)
+    for budget in (4000, 1500, 600, 200):
+        record = step_record(blocks, current, budget)
+        assert len(record) <= max(budget, len(RECORD_HEADER) + 40), budget
+        assert record.startswith(RECORD_HEADER)
+    assert len(step_record(blocks, current, 4000)) < len(full)
+    tight = step_record(blocks, current, 1500)
+    assert "called lookup" in tight  # calls outlive results
+
+
+def test_the_record_never_leaves_out_the_newest_step():
+    """A step whose user turn alone is longer than the record's budget keeps
+    its call and the beginning and end of what the user said."""
+    blocks = list(split_conversation(conversation(3, chars=50)).blocks)
+    long_turn = {"role": "user", "content": "My booking is XK42Q9. " + "Please hurry. " * 60 + "Thanks, Omar."}
+    blocks[-1] = Block((*blocks[-1].messages, long_turn))
+    record = step_record(blocks, [], 400)
+    assert "(steps 1-2 omitted for space)" in record and "step 3:" in record
+    assert "called lookup" in record and "XK42Q9" in record and "Thanks, Omar." in record
+    assert len(record) <= 400 + 80
+
+
+def test_a_long_call_keeps_its_ends_before_earlier_steps_leave():
+    """A file written inline makes one call longer than the record: it keeps its
+    beginning (the path) and end, and the earlier steps stay."""
+    blocks = list(split_conversation(conversation(4, chars=50)).blocks)
+    source = "def handler():\n" + "    x = compute()\n" * 400 + "    return FINAL_LINE\n"
+    arguments = json.dumps({"command": f"cat <<'EOF' > src/app/handlers.py\n{source}EOF"})
+    call = {"id": "w1", "type": "function", "function": {"name": "bash", "arguments": arguments}}
+    write = (
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "w1", "content": "ok"},
+    )
+    blocks[2] = Block(write)
+    record = step_record(blocks, [], 2500)
+    assert "omitted for space" not in record and "step 1:" in record
+    assert "src/app/handlers.py" in record and "FINAL_LINE" in record
+    assert len(record) <= 2500 < len(arguments)
+
+
+def test_relevance_prefers_blocks_like_the_current_work():
+    blocks = list(split_conversation(conversation(3, chars=10)).blocks)
+    scores = relevance(blocks, blocks[1:2])
+    assert scores[1] == max(scores) and scores[1] > 0

@@ -1,0 +1,154 @@
+"""The baselines on PaMER's budget schedule (core/policies/pamer/schedule_baselines.py):
+the same compactions with nothing, the record alone or the masked blocks in
+place of PaMER's memory, on a real SQLite store with the deterministic engine
+of tests/support/fakes.py (4 characters a token)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.support.fakes import COMPRESS, KEEP, FakeEngine, blocking, conversation
+from vllm_pamer.core.blocks import protocol_issues, split_conversation
+from vllm_pamer.core.pipeline import rewrite_request
+from vllm_pamer.core.policies import PolicyContext, create_policy
+from vllm_pamer.core.policies.baselines import tool_placeholder
+from vllm_pamer.core.policies.pamer.record import RECORD_HEADER
+from vllm_pamer.core.policies.summary_writer import MEMORY_HEADER
+from vllm_pamer.stores.sqlite import SqliteStore
+
+# as tests/test_compaction.py: conversation(n) is about 32 + 231 n tokens, the band at 1,500-2,000
+SCHEDULE = {"context_budget": 2000, "band_share": 0.25, "target_share": 0.5}
+
+
+class CountingEngine(FakeEngine):
+    def __init__(self, **kwargs):
+        super().__init__(window=8192, **kwargs)
+        self.embeds = 0
+
+    async def embed(self, text):
+        self.embeds += 1
+        return await super().embed(text)
+
+
+def replay(store, policy_name, blocks=range(2, 20), vote=lambda n: KEEP, **options):
+    """One session's requests through the pipeline, as the endpoint sends them."""
+    services = CountingEngine()
+    policy = create_policy(policy_name, {**SCHEDULE, **options})
+    context = PolicyContext(store, services)
+    out = []
+    for n in blocks:
+        messages = conversation(n)
+        tokens = services.count_tokens(messages)
+        out.append(
+            (messages, asyncio.run(rewrite_request(messages, "s1", policy, vote(n), context, prompt_tokens=tokens)))
+        )
+    return out, services
+
+
+def _compactions(out):
+    return [i for i, (_, o) in enumerate(out) if o.action == "compressed"]
+
+
+@pytest.mark.parametrize("policy", ["truncate", "record_only", "observation_masking"])
+def test_a_baseline_compacts_where_pamer_first_does_and_never_breaks_the_protocol(tmp_path, policy):
+    """The schedule is shared: the first compaction comes at the same request
+    (the band's top here, the vote inside it), and every request stays valid."""
+    for vote in (lambda n: KEEP, lambda n: COMPRESS if n >= 7 else KEEP):
+        pamer, _ = replay(
+            SqliteStore(tmp_path / f"p{id(vote)}.db"), "pamer", vote=vote, record_share=0.2, memory_share=0.35
+        )
+        other, _ = replay(SqliteStore(tmp_path / f"{policy}{id(vote)}.db"), policy, vote=vote)
+        assert _compactions(other) and _compactions(other)[0] == _compactions(pamer)[0]
+        for _, outcome in other:
+            assert not outcome.is_fallback, outcome.detail
+            assert protocol_issues(outcome.messages) == []
+            assert outcome.schedule is not None and outcome.schedule.sent_tokens <= 2000 + 300
+
+
+def test_truncate_drops_the_archived_blocks_and_asks_the_engine_nothing(store):
+    out, services = replay(store, "truncate")
+    assert services.summaries == 0 and services.embeds == 0 and services.conversation_summaries == 0
+    first = _compactions(out)[0]
+    history, compacted = out[first]
+    live = list(split_conversation(history).blocks)
+    sent = split_conversation(compacted.messages)
+    assert compacted.messages[:2] == history[:2] and not any(
+        MEMORY_HEADER in str(m.get("content")) for m in sent.prefix
+    )
+    assert [b.block_id for b in sent.blocks] == [b.block_id for b in live[-len(sent.blocks) :]]  # the newest blocks
+    stored = blocking(store).load("s1").memories
+    assert stored and all(m.embedder == "truncated" for m in stored)  # the dropped blocks are kept in the store
+    archived = {b for m in stored for b in m.covered_block_ids}
+    assert {b.block_id for b in live[: len(live) - len(sent.blocks)]} <= archived
+
+
+def test_between_compactions_a_baseline_sends_append_only(store):
+    for policy in ("truncate", "record_only", "observation_masking"):
+        out, _ = replay(SqliteStore(store.path.with_name(f"{policy}.db")), policy)
+        cuts = set(_compactions(out))
+        for i in range(1, len(out)):
+            if i in cuts:
+                continue
+            before, now = out[i - 1][1].messages, out[i][1].messages
+            assert now[: len(before)] == before, (policy, i)  # what was sent only grows at its end
+
+
+def test_record_only_shows_the_record_without_a_summary_request(store):
+    out, services = replay(store, "record_only", record_share=0.2)
+    assert services.summaries == 0 and services.conversation_summaries == 0
+    _, compacted = out[_compactions(out)[0]]
+    memory = compacted.messages[2]["content"]
+    assert memory.startswith(MEMORY_HEADER) and RECORD_HEADER in memory
+    assert "SUMMARY" not in memory and 'called lookup({"k": "ID0"})' in memory
+    assert all(m.summary.startswith(RECORD_HEADER) for m in blocking(store).load("s1").memories)
+
+
+def test_observation_masking_keeps_the_agents_turns_and_masks_the_outputs(store):
+    out, services = replay(store, "observation_masking")
+    assert services.summaries == 0 and services.embeds == 0
+    history, compacted = out[_compactions(out)[0]]
+    sent = compacted.messages
+    kept = {b.block_id for b in split_conversation(sent).blocks}
+    masked = [
+        b
+        for b in split_conversation(sent).blocks
+        if b.block_id not in {x.block_id for x in split_conversation(history).blocks}
+    ]
+    assert masked, "the archived blocks come back masked"
+    for block in masked:
+        call, result = block.messages
+        assert call["tool_calls"] and result["content"] == tool_placeholder(len("ID0 ") + 900)
+    original_calls = [m for m in history if m.get("tool_calls")]
+    assert [m for m in sent if m.get("tool_calls")] == original_calls  # every call of the agent, verbatim
+    assert kept
+
+
+def test_the_masked_history_keeps_its_newest_steps_within_its_share(tmp_path):
+    """The masked steps shown are the newest that fit ``memory_share`` of the
+    budget, contiguous up to the live blocks; past it the oldest leave."""
+    shown = {}
+    for share in (0.1, 0.35):
+        out, _ = replay(SqliteStore(tmp_path / f"{share}.db"), "observation_masking", range(2, 60), memory_share=share)
+        last = out[-1][1]
+        calls = [int(m["tool_calls"][0]["id"][1:]) for m in last.messages if m.get("tool_calls")]
+        assert calls == list(range(calls[0], 59)), calls  # no gap: the newest masked steps, then the live ones
+        assert protocol_issues(last.messages) == [] and last.schedule.sent_tokens <= 2000
+        shown[share] = calls[0]
+    assert 0 < shown[0.35] < shown[0.1]  # a larger share keeps older steps; neither keeps the first
+
+
+@pytest.mark.parametrize(
+    "policy, option",
+    [
+        ("truncate", "summary_max_tokens"),
+        ("truncate", "record_share"),
+        ("record_only", "summary_layout"),
+        ("observation_masking", "top_k"),
+        ("record_only", "schedule"),
+    ],
+)
+def test_a_baseline_refuses_the_options_it_does_not_read(policy, option):
+    with pytest.raises(ValueError, match=option):
+        create_policy(policy, {option: 1})

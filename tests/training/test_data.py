@@ -1,0 +1,46 @@
+"""The states a run extracts (``training/data.py``): read back as written, and
+refused (or read partially when asked) while shards are missing."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tests.support.training_fixtures import synthetic_states, write_shards
+from vllm_pamer.training.data import StatesError, load_states
+
+
+def test_load_states_round_trip_and_completeness(tmp_path):
+    full, recent2, meta = synthetic_states(d=8, n_tau=2, n_swe=2)
+    write_shards(tmp_path / "s", full, recent2, meta, n_shards=3)
+    f2, r2, m2 = load_states(tmp_path / "s")
+    np.testing.assert_array_equal(f2, full)
+    np.testing.assert_array_equal(r2, recent2)
+    assert f2.dtype == r2.dtype == np.float32 and m2 == meta
+    # the manifest plans more shards than are complete: refused unless partial
+    manifest = json.loads((tmp_path / "s" / "manifest.json").read_text())
+    (tmp_path / "s" / "manifest.json").write_text(json.dumps({**manifest, "shards": 4}))
+    with pytest.raises(StatesError, match="1 of 4 shards are missing"):
+        load_states(tmp_path / "s")
+    assert len(load_states(tmp_path / "s", allow_partial=True)[2]) == len(meta)
+    (tmp_path / "s" / "manifest.json").write_text(json.dumps(manifest))
+    # a shard whose JSON lines are not written yet is incomplete
+    first = len(meta) - len(np.array_split(np.arange(len(meta)), 3)[2])
+    (tmp_path / "s" / "states-00002.jsonl").unlink()
+    with pytest.raises(StatesError, match="missing"):
+        load_states(tmp_path / "s")
+    f3, _, m3 = load_states(tmp_path / "s", allow_partial=True)
+    assert len(m3) == first == f3.shape[0] and m3 == meta[:first]
+    (tmp_path / "s" / "states-00001.jsonl").write_text(json.dumps(meta[0]) + "\n")
+    with pytest.raises(StatesError, match="rows do not match"):
+        load_states(tmp_path / "s", allow_partial=True)
+    # no shard at all, or no manifest: not an extraction to train on
+    for name in ("states-00000.jsonl", "states-00001.jsonl"):
+        (tmp_path / "s" / name).unlink()
+    with pytest.raises(StatesError, match="no complete shard"):
+        load_states(tmp_path / "s", allow_partial=True)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(StatesError, match="manifest"):
+        load_states(tmp_path / "empty")
