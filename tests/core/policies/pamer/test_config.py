@@ -17,3 +17,24 @@ def test_settings_are_checked():
 def test_query_source_is_checked():
     with pytest.raises(ValueError, match="query_source"):
         create_policy("pamer", {"schedule": "paper", "query_source": "state"})
+
+
+def test_the_schedule_picks_the_config_and_each_refuses_the_others_options():
+    from vllm_pamer.core.policies.pamer import BudgetConfig, PamerPlusConfig, PaperConfig
+
+    assert type(create_policy("pamer").config) is BudgetConfig
+    assert type(create_policy("pamer", {"schedule": "paper"}).config) is PaperConfig
+    assert type(create_policy("pamer_plus").config) is PamerPlusConfig
+    budget_only, paper_only = set(BudgetConfig.__struct_fields__), set(PaperConfig.__struct_fields__)
+    shared = budget_only & paper_only
+    assert {"retained_blocks", "summary_max_tokens", "top_k", "query_source", "schedule"} <= shared
+    for option in sorted(budget_only - shared):  # context_budget, kv_share, record_share, ...
+        with pytest.raises(ValueError, match=rf"{option}: not an option of schedule 'paper'"):
+            create_policy("pamer", {"schedule": "paper", option: 1})
+        with pytest.raises(ValueError, match=option):
+            create_policy("pamer_plus", {option: 1})
+    for option in sorted(paper_only - shared):  # min_candidate_tokens, summarize_ahead, window_guard, ...
+        with pytest.raises(ValueError, match=rf"{option}: not an option of schedule 'budget'"):
+            create_policy("pamer", {option: 1})
+    with pytest.raises(ValueError, match="unknown field"):
+        create_policy("pamer", {"no_such_option": 1})  # an option of neither: msgspec's own refusal
