@@ -34,6 +34,12 @@ def test_every_top_level_module_but_the_adapters_is_barred_from_vllm():
     assert only_adapters["forbidden_modules"] == ["vllm"]
 
 
+def test_the_core_is_barred_from_every_other_part_of_the_package():
+    pure = contracts()["The core is pure: no vLLM, torch, web or IPC import, and nothing of the package outside it"]
+    top = {f"vllm_pamer.{m.name}" for m in pkgutil.iter_modules(vllm_pamer.__path__)}
+    assert top - set(pure["forbidden_modules"]) == {"vllm_pamer.core"}
+
+
 def test_long_modules_say_why_at_their_top():
     unexplained = []
     for path in sorted([*(ROOT / "vllm_pamer").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py")]):
@@ -41,7 +47,10 @@ def test_long_modules_say_why_at_their_top():
         head = "\n".join(lines[:30])
         if len(lines) > LONG and f"longer than {LONG} lines" not in head.lower():
             unexplained.append(f"{path.relative_to(ROOT)} ({len(lines)} lines)")
-    assert not unexplained, "modules over ~400 lines without a reason at their top: " + ", ".join(unexplained)
+    assert not unexplained, (
+        f"modules over {LONG} lines without a reason at their top (say 'longer than {LONG} lines: why' "
+        "in its first 30 lines, or split it): " + ", ".join(unexplained)
+    )
 
 
 TESTS = ROOT / "tests"

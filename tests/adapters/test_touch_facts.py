@@ -66,7 +66,8 @@ def test_a_touch_point_missing_from_the_facts_is_caught():
 def test_recorded_facts_are_what_the_wheel_holds(series):
     """The wheel from the cache, else downloaded into it (skipped offline)."""
     package = ADAPTERS[series]
-    recorded = load_facts(package)[series]
+    recorded = load_facts(package).get(series)
+    assert recorded is not None, f"no facts for vLLM {series}: {RECORD_COMMAND} {series}.0"
     try:
         wheel = cached_wheel(recorded["version"], recorded["wheel"]) or download_wheel(recorded["version"])
     except FileNotFoundError as error:
@@ -75,3 +76,23 @@ def test_recorded_facts_are_what_the_wheel_holds(series):
     if wheel.name == recorded["wheel"]:  # another platform's wheel has another digest, the same source
         assert read["sha256"] == recorded["sha256"], f"{wheel} is not the wheel the facts were read from"
     assert read["touch_points"] == recorded["touch_points"], f"the facts differ from {wheel.name}: {RECORD_COMMAND}"
+
+
+def test_the_recorder_records_no_series_whose_touch_points_do_not_hold(tmp_path, monkeypatch, capsys):
+    """A series mapped to a package whose touch points its wheel lacks is
+    refused, and its facts file is left as it was: that series needs a package
+    of its own."""
+    import zipfile
+
+    from vllm_pamer.adapters import touch_facts
+
+    wheel = tmp_path / "vllm-9.9.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr("vllm/__init__.py", "")  # none of the touch points' files
+    package = ADAPTERS[SERIES[0]]
+    before = touch_facts.facts_path(package).read_text()
+    monkeypatch.setitem(touch_facts.ADAPTERS, "9.9", package)
+    monkeypatch.setattr(touch_facts, "download_wheel", lambda version: wheel)
+    assert touch_facts.record(["9.9.0"]) == 1
+    assert touch_facts.facts_path(package).read_text() == before
+    assert "nothing recorded" in capsys.readouterr().err

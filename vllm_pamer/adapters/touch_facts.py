@@ -219,12 +219,18 @@ def record(versions: Sequence[str]) -> int:
             raise SystemExit(f"vLLM {series} is not in ADAPTERS (vllm_pamer/adapters/__init__.py): map it first")
         package = ADAPTERS[series]
         facts = load_facts(package)
-        facts[series] = read_facts(touch_points(package), version, download_wheel(version))
-        facts_path(package).write_text(json.dumps(dict(sorted(facts.items())), indent=1) + "\n")
-        print(f"{facts_path(package)}: vLLM {version} recorded ({facts[series]['wheel']})")
-        for problem in problems(facts[series]):
+        read = read_facts(touch_points(package), version, download_wheel(version))
+        found = problems(read)
+        if found:  # not recorded: a series whose touch points differ needs a package of its own
             failed = True
-            print(f"  does not hold: {problem}", file=sys.stderr)
+            print(f"vLLM {version}: {package}'s touch points do not hold, nothing recorded:", file=sys.stderr)
+            for problem in found:
+                print(f"  does not hold: {problem}", file=sys.stderr)
+            print("  a package of its own serves it (docs/design.md, 'Add a vLLM series')", file=sys.stderr)
+            continue
+        facts[series] = read
+        facts_path(package).write_text(json.dumps(dict(sorted(facts.items())), indent=1) + "\n")
+        print(f"{facts_path(package)}: vLLM {version} recorded ({read['wheel']})")
     return 1 if failed else 0
 
 

@@ -152,3 +152,20 @@ def test_the_masked_history_keeps_its_newest_steps_within_its_share(tmp_path):
 def test_a_baseline_refuses_the_options_it_does_not_read(policy, option):
     with pytest.raises(ValueError, match=option):
         create_policy(policy, {option: 1})
+
+
+def test_every_budget_option_is_in_exactly_one_group_of_what_the_baselines_read():
+    """So a new budget option is classified (read by the schedule, by a shown
+    memory, by a record, by a summary) before the baselines take it."""
+    from vllm_pamer.core.policies.pamer import BudgetConfig
+    from vllm_pamer.core.policies.pamer.schedule_baselines import (
+        RECORD_OPTIONS,
+        SCHEDULE_OPTIONS,
+        SHOWN_OPTIONS,
+        SUMMARY_OPTIONS,
+    )
+
+    groups = [SCHEDULE_OPTIONS, SHOWN_OPTIONS, RECORD_OPTIONS, SUMMARY_OPTIONS]
+    fields = set(BudgetConfig.__struct_fields__) - {"schedule"}
+    assert set().union(*groups) == fields
+    assert sum(len(g) for g in groups) == len(fields)  # no option in two groups

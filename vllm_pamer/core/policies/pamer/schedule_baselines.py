@@ -15,7 +15,9 @@ judged against what the schedule alone buys (issue 31):
   passes ``memory_share`` of the budget.
 
 They take PaMER's budget options (``BudgetConfig``) and refuse those they do
-not read. They need no heads: without a vote they compact at the band's top.
+not read (``options_read``; every option of ``BudgetConfig`` is in exactly one
+of the groups below, a test checks it). They need no heads: without a vote
+they compact at the band's top.
 """
 
 from __future__ import annotations
@@ -29,6 +31,27 @@ from vllm_pamer.core.policies.pamer.config import BudgetConfig
 from vllm_pamer.core.policies.pamer.memory import MemoryKind
 from vllm_pamer.core.policies.pamer.policy import Pamer
 
+SCHEDULE_OPTIONS = frozenset(
+    {
+        "retained_blocks",
+        "context_budget",
+        "budget_share",
+        "band_share",
+        "target_share",
+        "kv_pressure",
+        "kv_low",
+        "kv_high",
+        "kv_min_scale",
+        "vote_under_kv_pressure",
+        "kv_share",
+        "kv_share_idle_s",
+    }
+)
+"""What the budget schedule itself reads (``budget.py``, ``budget_schedule.py``'s decision)."""
+SHOWN_OPTIONS = frozenset({"memory_share"})
+"""What a memory that is shown reads: the room of the memories shown."""
+RECORD_OPTIONS = frozenset({"record_share", "top_k", "embed_timeout_s", "embed_attempts", "query_source"})
+"""What a memory with a record, shown by similarity, reads."""
 SUMMARY_OPTIONS = frozenset(
     {
         "summary_source_chars",
@@ -40,15 +63,14 @@ SUMMARY_OPTIONS = frozenset(
         "kv_pressure_summary_layout",
     }
 )
-"""What only a memory with a summary reads."""
-RECORD_OPTIONS = frozenset({"record_share", "top_k", "embed_timeout_s", "embed_attempts", "query_source"})
-"""What only a memory with a record, shown by similarity, reads."""
+"""What only a memory with a summary (PaMER's) reads."""
 
 
 class _OnTheBudgetSchedule(Pamer):
     requires_heads = False
-    unused_options: ClassVar[frozenset[str]] = frozenset()
-    """Options of ``BudgetConfig`` this baseline does not read: refused, not ignored."""
+    options_read: ClassVar[frozenset[str]] = SCHEDULE_OPTIONS
+    """The options of ``BudgetConfig`` this baseline reads; any other is refused,
+    not ignored (a new budget option is refused until it is classified above)."""
 
     @classmethod
     def config_classes(cls) -> tuple[type[PolicyConfig], ...]:
@@ -56,9 +78,11 @@ class _OnTheBudgetSchedule(Pamer):
 
     @classmethod
     def make_config(cls, options: dict[str, Any]) -> PolicyConfig:
-        unused = sorted((set(options) & cls.unused_options) | ({"schedule"} & set(options)))
-        if unused:
-            raise ValueError(f"{', '.join(unused)}: not an option of {cls.name} (it runs the budget schedule)")
+        unread = sorted(
+            name for name in options if name in BudgetConfig.__struct_fields__ and name not in cls.options_read
+        )
+        if unread:
+            raise ValueError(f"{', '.join(unread)}: not an option of {cls.name} (it runs the budget schedule)")
         return msgspec.convert(options, BudgetConfig)
 
 
@@ -66,18 +90,18 @@ class _OnTheBudgetSchedule(Pamer):
 class Truncate(_OnTheBudgetSchedule):
     name = "truncate"
     memory_kind: ClassVar[MemoryKind] = "none"
-    unused_options = SUMMARY_OPTIONS | RECORD_OPTIONS | {"memory_share"}
+    options_read = SCHEDULE_OPTIONS
 
 
 @register_policy
 class RecordOnly(_OnTheBudgetSchedule):
     name = "record_only"
     memory_kind: ClassVar[MemoryKind] = "record"
-    unused_options = SUMMARY_OPTIONS
+    options_read = SCHEDULE_OPTIONS | SHOWN_OPTIONS | RECORD_OPTIONS
 
 
 @register_policy
 class ObservationMasking(_OnTheBudgetSchedule):
     name = "observation_masking"
     memory_kind: ClassVar[MemoryKind] = "masked"
-    unused_options = SUMMARY_OPTIONS | RECORD_OPTIONS
+    options_read = SCHEDULE_OPTIONS | SHOWN_OPTIONS
