@@ -68,6 +68,7 @@ def test_a_rerun_drops_the_units_of_changed_policies_and_says_so(tmp_path):
     again = UnitStore(tmp_path)  # read back from the rewritten file
     assert again.complete(["tau-000", "tau-001"], ["none"]) == ["tau-000", "tau-001"]
     assert not again.has("tau-000", "pamer") and not again.has("tau-001", "pamer_tight")
+    assert [(u.run.group, u.run.policy) for u in again.units()] == [("tau-000", "none"), ("tau-001", "none")]
     assert runs.check_settings(tmp_path, {"tau": 0}, "def5678") == ["abc1234", "def5678"]  # a resume keeps it
     saved = json.loads((tmp_path / "settings.json").read_text())
     assert saved["reruns"] == [{"policies": ["pamer", "pamer_tight"], "commit": "def5678", "units_dropped": 4}]

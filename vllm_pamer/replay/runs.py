@@ -205,6 +205,10 @@ class UnitStore:
             os.replace(tmp, self.path)  # a killed sitting leaves the old file or the new one
         return len(gone)
 
+    def units(self) -> list[Unit]:
+        """Every saved unit, in the order saved."""
+        return list(self._units.values())
+
     def has(self, group: str, policy: str) -> bool:
         return (group, policy) in self._units
 
