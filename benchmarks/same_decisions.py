@@ -23,7 +23,7 @@ from vllm_pamer.replay.runs import UnitStore
 
 def decisions(out: Path) -> dict[tuple[str, str, str, int], tuple[Any, ...]]:
     found: dict[tuple[str, str, str, int], tuple[Any, ...]] = {}
-    for unit in UnitStore(out).units():
+    for unit in UnitStore(out, repair=False).units():  # another sitting may be writing it
         for r in unit.records:
             pamer = r.pamer or {}
             schedule = pamer.get("schedule") or {}

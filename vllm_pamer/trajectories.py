@@ -84,9 +84,10 @@ def _tuning_tasks() -> frozenset[str]:
 
 
 def split_of(trajectory: Mapping[str, Any]) -> Split:
-    """``tuning`` (defaults are chosen and heads trained on these) or
-    ``evaluation`` (figures are reported on these); a task the split file does
-    not name is evaluation."""
+    """``tuning`` (defaults are to be chosen, and heads trained, on these) or
+    ``evaluation`` (figures are to be reported on these); a task the split
+    file does not name is evaluation. The shipped heads predate the split
+    (``benchmarks/RESULTS.md`` says on what they were trained)."""
     return "tuning" if task_of(str(trajectory.get("id", ""))) in _tuning_tasks() else "evaluation"
 
 

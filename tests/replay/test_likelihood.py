@@ -48,7 +48,7 @@ class Server:
             answer = {"choices": [{"message": {"role": "assistant", "content": "x"}}], "pamer": pamer}
             return httpx.Response(200, json={**answer, "prompt_token_ids": ids})
         self.scored.append(body)
-        assert body["continue_final_message"] and not body["add_generation_prompt"]
+        assert body["add_generation_prompt"] is False and "continue_final_message" not in body  # a closed turn
         assert "x-session-id" not in request.headers  # no session's state changes
         prompt = ids[:-1] + [100, 101]
         if self.broken_prefix:
@@ -117,3 +117,24 @@ def test_what_a_policy_loses_is_read_against_none_and_recency_at_its_share():
     assert pamer.action_logprob == -1.5 and pamer.logprob_lost == pytest.approx(0.5)  # the scored request only
     assert pamer.logprob_lost_recency == pytest.approx(1.5)  # halfway between recency's 2.0 and 1.0
     assert rows["none"].logprob_lost == 0.0
+    assert pamer.scored == 1 and rows["none"].scored == 2
+
+
+def test_past_the_largest_recency_row_recency_is_read_towards_the_full_history():
+    """Above the last recency row the curve runs to ``none`` (every block,
+    nothing lost); below the first there is nothing to compare."""
+    records = (
+        [_rec("none", s, -1.0, 1.0) for s in range(2)]
+        + [_rec("recent_k", s, -3.0, 0.2) for s in range(2)]  # loses 2.0 at 20%
+        + [_rec("pamer", s, -1.2, 0.6) for s in range(2)]
+        + [_rec("truncate", s, -4.0, 0.1) for s in range(2)]
+    )
+    runs = [
+        RunSummary(policy=p, trajectories=1, requests=2, elapsed_s=1.0)
+        for p in ("none", "recent_k", "pamer", "truncate")
+    ]
+    rows = {row.policy: row for row in summarize(records, runs)}
+    add_likelihood(list(rows.values()), records)
+    assert rows["pamer"].logprob_lost_recency == pytest.approx(1.0)  # halfway from 2.0 at 20% to 0 at 100%
+    assert rows["none"].logprob_lost_recency == 0.0
+    assert rows["truncate"].logprob_lost_recency is None  # below recent_k's share

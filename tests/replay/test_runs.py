@@ -83,6 +83,9 @@ def test_a_unit_torn_by_a_killed_sitting_is_cut_off_and_runs_again(tmp_path):
     path = tmp_path / runs.UNITS_FILE
     whole = path.read_bytes()
     path.write_bytes(whole[:-7])  # the last write never finished
+    reader = UnitStore(tmp_path, repair=False)  # a report or a comparison: reads, never cuts
+    assert reader.has("tau-000", "none") and not reader.has("tau-000", "pamer")
+    assert path.stat().st_size == len(whole) - 7
     reopened = UnitStore(tmp_path)
     assert reopened.has("tau-000", "none") and not reopened.has("tau-000", "pamer")
     assert path.stat().st_size < len(whole) - 7  # the torn member is gone

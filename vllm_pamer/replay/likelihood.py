@@ -34,7 +34,8 @@ async def action_likelihood(
 ) -> tuple[float, int] | None:
     """The recorded next action's mean log-probability per token given what
     the policy sent, and its token count: teacher forced, the action appended
-    as the assistant turn (left open), its tokens read from vLLM's prompt
+    as a whole assistant turn (its text, its tool calls as the template
+    renders them, its end of turn), its tokens read from vLLM's prompt
     log-probabilities after the policy's own prompt (which must be a prefix of
     this one). Sent with policy ``none`` and no session, so the plugin changes
     nothing and keeps no state. None when it cannot be read."""
@@ -46,7 +47,6 @@ async def action_likelihood(
         "temperature": 0,
         "prompt_logprobs": 0,
         "add_generation_prompt": False,
-        "continue_final_message": True,
         "return_token_ids": True,
     }
     if scored.tools:

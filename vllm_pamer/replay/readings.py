@@ -49,7 +49,8 @@ def is_recency(policy: str) -> bool:
 def add_likelihood(rows: Sequence[PolicyRow], records: Sequence[StepRecord]) -> None:
     """Each row's mean action log-probability, what it loses against ``none``
     (the full history) on the requests both scored, and what recency loses at
-    the same chars share (linear between the ``recency`` rows)."""
+    the same chars share: linear between the recency rows and ``none`` (recency
+    with every block, which loses nothing); None outside them."""
     scored: dict[str, dict[tuple[str, int], float]] = defaultdict(dict)
     for r in records:
         if r.action_logprob is not None:
@@ -58,20 +59,25 @@ def add_likelihood(rows: Sequence[PolicyRow], records: Sequence[StepRecord]) -> 
     for row in rows:
         mine = scored.get(row.policy, {})
         row.action_logprob = mean(mine.values()) if mine else None
+        row.scored = len(mine)
         both = [k for k in mine if k in full]
         row.logprob_lost = mean(full[k] - mine[k] for k in both) if both else None
     curve = sorted(
         (row.chars_share, row.logprob_lost)
         for row in rows
-        if is_recency(row.policy) and row.chars_share is not None and row.logprob_lost is not None
+        if (is_recency(row.policy) or row.policy == FULL_HISTORY)
+        and row.chars_share is not None
+        and row.logprob_lost is not None
     )
     for row in rows:
-        if row.chars_share is None or not curve or row.chars_share < curve[0][0]:
-            continue
-        row.logprob_lost_recency = _interpolate(curve, row.chars_share)
+        if row.chars_share is not None and len(curve) > 1:
+            row.logprob_lost_recency = _interpolate(curve, row.chars_share)
 
 
-def _interpolate(curve: Sequence[tuple[float, float]], x: float) -> float:
+def _interpolate(curve: Sequence[tuple[float, float]], x: float) -> float | None:
+    """``curve`` (sorted by x) read at ``x``, linear between its points; None outside them."""
+    if x < curve[0][0] or x > curve[-1][0]:
+        return None
     for (x0, y0), (x1, y1) in itertools.pairwise(curve):
         if x <= x1:
             return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)

@@ -129,6 +129,8 @@ class PolicyRow(msgspec.Struct, kw_only=True):
     readable_common: float | None = None
     """``readable`` on those requests only (no refusal in it)."""
     observed_common: float | None = None
+    scored: int = 0
+    """Requests whose recorded action was scored (``--likelihood``)."""
     action_logprob: float | None = None
     """Mean over its scored requests of the recorded action's log-probability per token."""
     logprob_lost: float | None = None

@@ -273,6 +273,7 @@ EVIDENCE_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("common", "common requests", "num"),
     ("readable_common", "readable, common", "pct"),
     ("observed_common", "observed, common", "pct"),
+    ("scored", "scored", "num"),
     ("action_logprob", "action log-prob", "logp"),
     ("logprob_lost", "lost vs full history", "logp"),
     ("logprob_lost_recency", "recency loses there", "logp"),

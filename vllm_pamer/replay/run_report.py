@@ -74,7 +74,7 @@ def write_finished_report(
     folder to compare serving figures with. Returns the rows (None: no group
     finished yet)."""
     out, groups, policies = run.out, run.groups, run.policies
-    store = UnitStore(out)
+    store = UnitStore(out, repair=False)  # a report never changes the units file
     complete = [(g, plans) for g, plans in groups if store.complete([g], policies)]
     if not complete:
         print("no group finished by every policy yet: no report")
@@ -98,7 +98,7 @@ def write_finished_report(
     print(markdown_table(rows))
     print(text)
     if against:
-        section = against_section(store, UnitStore(Path(against)), against, groups, policies)
+        section = against_section(store, UnitStore(Path(against), repair=False), against, groups, policies)
         with (out / "report.md").open("a") as report_md:
             report_md.write(section or f"\nNo group finished by every policy in both this run and {against}.\n")
         print(section)

@@ -179,7 +179,9 @@ def _member(unit: Unit) -> bytes:
 class UnitStore:
     """The units of one run (``OUT/units.jsonl.gz``), by (group, policy)."""
 
-    def __init__(self, out: Path) -> None:
+    def __init__(self, out: Path, repair: bool = True) -> None:
+        """``repair``: cut off a unit torn by a killed sitting (the sitting
+        that writes the run); a reader of a run that may be running says False."""
         self.path = Path(out) / UNITS_FILE
         self._units: dict[tuple[str, str], Unit] = {}
         if self.path.exists():
@@ -189,7 +191,7 @@ class UnitStore:
                 unit = msgspec.json.decode(payload, type=Unit)
                 self._units[(unit.run.group, unit.run.policy)] = unit
                 good = end
-            if good < len(data):  # a torn unit of a killed sitting: gone, it runs again
+            if repair and good < len(data):  # a torn unit of a killed sitting: gone, it runs again
                 with self.path.open("r+b") as handle:
                     handle.truncate(good)
 

@@ -188,11 +188,11 @@ def simulate(
                     needed += len(values)
                     fair = needs(history, trajectory["messages"][index], kind)
                     wanted += len(fair)
-                    chars_in += context_chars(history)
                     tokens = counter.request(sent)
-                    if tokens >= settings.window:
+                    if tokens >= settings.window:  # refused: its needs count, unread; its characters do not
                         refused, previous[n] = refused + 1, []
                         continue
+                    chars_in += context_chars(history)
                     last, common = previous.get(n, []), 0
                     while common < min(len(last), len(sent)) and last[common] == sent[common]:
                         common += 1

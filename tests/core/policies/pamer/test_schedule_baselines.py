@@ -97,7 +97,7 @@ def test_between_compactions_a_baseline_sends_append_only(store):
 
 def test_record_only_shows_the_record_without_a_summary_request(store):
     out, services = replay(store, "record_only", record_share=0.2)
-    assert services.summaries == 0 and services.conversation_summaries == 0
+    assert services.summaries == 0 and services.conversation_summaries == 0 and services.embeds == 0
     _, compacted = out[_compactions(out)[0]]
     memory = compacted.messages[2]["content"]
     assert memory.startswith(MEMORY_HEADER) and RECORD_HEADER in memory
@@ -146,6 +146,8 @@ def test_the_masked_history_keeps_its_newest_steps_within_its_share(tmp_path):
         ("truncate", "record_share"),
         ("record_only", "summary_layout"),
         ("observation_masking", "top_k"),
+        ("record_only", "top_k"),
+        ("record_only", "memory_share"),
         ("record_only", "schedule"),
     ],
 )
@@ -162,10 +164,11 @@ def test_every_budget_option_is_in_exactly_one_group_of_what_the_baselines_read(
         RECORD_OPTIONS,
         SCHEDULE_OPTIONS,
         SHOWN_OPTIONS,
+        SIMILARITY_OPTIONS,
         SUMMARY_OPTIONS,
     )
 
-    groups = [SCHEDULE_OPTIONS, SHOWN_OPTIONS, RECORD_OPTIONS, SUMMARY_OPTIONS]
+    groups = [SCHEDULE_OPTIONS, SHOWN_OPTIONS, RECORD_OPTIONS, SIMILARITY_OPTIONS, SUMMARY_OPTIONS]
     fields = set(BudgetConfig.__struct_fields__) - {"schedule"}
     assert set().union(*groups) == fields
     assert sum(len(g) for g in groups) == len(fields)  # no option in two groups

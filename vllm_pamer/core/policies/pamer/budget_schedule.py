@@ -126,11 +126,14 @@ class BudgetSchedule:
         memory: MemoryWriter,
         clock: Callable[[], float] = time.monotonic,
         kind: MemoryKind = "summary",
+        expects_vote: bool = True,
     ) -> None:
         self.config = config
         self.memory = memory
         self.kind = kind
         """What replaces the archived blocks (``memory.MemoryKind``): PaMER's summary and record, or a baseline's."""
+        self.expects_vote = expects_vote
+        """A missing vote is a probe failure (logged); False for a policy that runs without heads."""
         self.clock = clock
         """Seconds, for the sessions' activity (a model of the server sets its own)."""
         # sessions with a request in the last kv_share_idle_s: those sharing the KV cache
@@ -163,6 +166,10 @@ class BudgetSchedule:
         if key not in self._tokens:
             self._tokens[key] = services.count_tokens(messages)
         return self._tokens[key]
+
+    def _masked_size(self, services: EngineServices) -> Callable[[Memory], int]:
+        """A masked memory's tokens, counted once per text."""
+        return lambda m: self._count("masked:" + str(hash(m.summary)), shown_messages("masked", [m]), services)
 
     def _sent_tokens(
         self,
@@ -201,8 +208,13 @@ class BudgetSchedule:
         searchable = [m for m in memories if m.embedder == kind_embedder(self.kind, services)]
         if self.kind == "none":
             searchable = []  # truncation shows nothing
-        memory_chars = int(cfg.memory_share * budget.budget * CHARS_PER_TOKEN)
-        shown_ids = await self.shown.ids(session, searchable, store, memory_chars)
+        if self.kind == "masked":  # a masked history is measured in tokens, the budget's own unit
+            shown_ids = await self.shown.ids(
+                session, searchable, store, int(cfg.memory_share * budget.budget), self._masked_size(services)
+            )
+        else:
+            memory_chars = int(cfg.memory_share * budget.budget * CHARS_PER_TOKEN)
+            shown_ids = await self.shown.ids(session, searchable, store, memory_chars)
         by_id = {m.id: m for m in searchable}
         shown = [by_id[i] for i in shown_ids]
         sent = list(view.prefix) + shown_messages(self.kind, shown) + flatten(view.live)
@@ -224,7 +236,7 @@ class BudgetSchedule:
             kv_usage=kv,
             kv_share=budget.budget if budget.shared else None,
         )
-        if why is None and vote is None and sent_tokens >= budget.band_low:
+        if why is None and vote is None and sent_tokens >= budget.band_low and self.expects_vote:
             notes.append("no vote captured (probe failure): no compaction inside the band")
             await store.log_event(session, "probe_missing", {"sent_tokens": sent_tokens})
         if plan is None or len(view.live) <= cfg.retained_blocks:
@@ -288,7 +300,9 @@ class BudgetSchedule:
             return masked_text(archived), NO_EMBEDDING
         earlier = await archived_blocks(context.store, request.session_id, choice.searchable)
         record = step_record(earlier + archived, kept, int(plan.record_tokens * chars_per_token))
-        if self.kind == "record" or (budget.under_kv_pressure and not cfg.kv_pressure_summary):
+        if self.kind == "record":  # the newest record alone is shown: no embedding, no engine request
+            return record, NO_EMBEDDING
+        if budget.under_kv_pressure and not cfg.kv_pressure_summary:
             return record, await self.memory.embed(record, services, request.previous_state)  # no summary request
         # under KV pressure the conversation is seldom still cached: the text layout
         # prefills less; a budget held to the session's KV share keeps it cached
@@ -338,9 +352,15 @@ class BudgetSchedule:
         next_id = max((m.id for m in searchable), default=0) + 1  # ids grow: it sorts where it will
         embedder = kind_embedder(self.kind, services)
         provisional = Memory(next_id, session, text, embedding, embedder, (), (), 0.0)
-        memory_chars = int(room * chars_per_token)  # the newest is shown whatever its size
-        query = captured_query(cfg, request, services, searchable) if searchable else None
-        chosen = self.shown.choose([*searchable, provisional], query, memory_chars) if self.kind != "none" else []
+        candidates = [*searchable, provisional]
+        if self.kind == "none":
+            chosen: list[Memory] = []
+        elif self.kind == "masked":
+            chosen = self.shown.choose(candidates, None, int(room), self._masked_size(services))
+        else:
+            memory_chars = int(room * chars_per_token)  # the newest is shown whatever its size
+            query = captured_query(cfg, request, services, searchable) if searchable else None
+            chosen = self.shown.choose(candidates, query, memory_chars)
         reduced = prefix + shown_messages(self.kind, chosen) + flatten(kept)
         reduced_tokens = services.prompt_tokens(reduced, request.tools)
         if reduced_tokens >= report.sent_tokens:

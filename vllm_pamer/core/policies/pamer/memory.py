@@ -100,9 +100,10 @@ summary request), ``none`` (nothing: truncation), ``masked`` (the blocks
 themselves with their tool outputs replaced by a placeholder: observation
 masking in the schedule's large, rare steps)."""
 
-UNSHOWN_EMBEDDERS: dict[MemoryKind, str] = {"none": "truncated", "masked": "masked"}
+UNSHOWN_EMBEDDERS: dict[MemoryKind, str] = {"none": "truncated", "masked": "masked", "record": "record-only"}
 """The embedder names of memories no recall searches (their embedding is
-``NO_EMBEDDING``); a session's memories of one kind never mix with another's."""
+``NO_EMBEDDING``: a record alone shows only its newest, so none is ever
+chosen by similarity); a session's memories of one kind never mix with another's."""
 
 
 def kind_embedder(kind: MemoryKind, services: EngineServices) -> str:

@@ -49,7 +49,7 @@ class Pamer(MemoryPolicy):
         self.schedule: Schedule = (
             PaperSchedule(self.config, self.memory)
             if isinstance(self.config, PaperConfig)
-            else BudgetSchedule(self.config, self.memory, kind=self.memory_kind)
+            else BudgetSchedule(self.config, self.memory, kind=self.memory_kind, expects_vote=self.requires_heads)
         )
 
     @classmethod

@@ -104,8 +104,9 @@ class _Step:
         lines = [f"step {self.number}:"]
         for kind, text in self.lines:
             chars = self.line_chars or (self.call_chars if kind == "call" else 0)
-            if kind != "agent":
-                lines.append(f"  {cap_head_and_tail(text, chars, GAP) if chars else text}")
+            if kind != "agent":  # a line of a multi-line turn or call continues indented, as a result's
+                shown = cap_head_and_tail(text, chars, GAP) if chars else text
+                lines.append("  " + shown.replace("\n", "\n    "))
             elif self.agent_chars:
                 lines.append(f"  agent: {cap_head_and_tail(text, self.agent_chars, GAP)}")
         for result, chars in zip(self.results, self.excerpt):

@@ -6,8 +6,8 @@ judged against what the schedule alone buys (issue 31):
 * ``truncate``: nothing; the archived blocks are dropped (stored raw, so
   nothing is lost), no engine request;
 * ``record_only``: the verbatim record of the archived steps (``record.py``)
-  without a summary, embedded by the state captured at the session's
-  previous prompt: no summary request;
+  without a summary; the newest record covers every archived step, so it
+  alone is shown: no engine request;
 * ``observation_masking``: the archived blocks themselves with their tool
   outputs replaced by a placeholder and the agent's own turns kept
   (``discard_tool``'s rule, applied only at compactions so it keeps the
@@ -49,9 +49,11 @@ SCHEDULE_OPTIONS = frozenset(
 )
 """What the budget schedule itself reads (``budget.py``, ``budget_schedule.py``'s decision)."""
 SHOWN_OPTIONS = frozenset({"memory_share"})
-"""What a memory that is shown reads: the room of the memories shown."""
-RECORD_OPTIONS = frozenset({"record_share", "top_k", "embed_timeout_s", "embed_attempts", "query_source"})
-"""What a memory with a record, shown by similarity, reads."""
+"""What a memory shown beside others reads: the room of the memories shown."""
+RECORD_OPTIONS = frozenset({"record_share"})
+"""What a memory with a record reads."""
+SIMILARITY_OPTIONS = frozenset({"top_k", "embed_timeout_s", "embed_attempts", "query_source"})
+"""What memories chosen by similarity to the captured state read."""
 SUMMARY_OPTIONS = frozenset(
     {
         "summary_source_chars",
@@ -97,7 +99,7 @@ class Truncate(_OnTheBudgetSchedule):
 class RecordOnly(_OnTheBudgetSchedule):
     name = "record_only"
     memory_kind: ClassVar[MemoryKind] = "record"
-    options_read = SCHEDULE_OPTIONS | SHOWN_OPTIONS | RECORD_OPTIONS
+    options_read = SCHEDULE_OPTIONS | RECORD_OPTIONS
 
 
 @register_policy

@@ -5,7 +5,7 @@ after the prefix stays the same between compactions."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from cachetools import LRUCache
@@ -27,7 +27,12 @@ class ShownMemories:
         self._chosen[session] = ids
 
     async def ids(
-        self, session: str, searchable: list[Memory], store: MemoryStore, budget_chars: int
+        self,
+        session: str,
+        searchable: list[Memory],
+        store: MemoryStore,
+        budget: int,
+        size: Callable[[Memory], int] | None = None,
     ) -> tuple[int, ...]:
         """What the last compaction chose (its event's, where another process
         made it: its new memory is not in ours), else the newest that fit.
@@ -39,29 +44,41 @@ class ShownMemories:
             logged = [e["detail"].get("shown") for e in events if e["kind"] == "compressed"]
             ids = tuple(logged[-1]) if logged and logged[-1] is not None else None
         if ids is None or (by_id and max(by_id) not in ids) or any(i not in by_id for i in ids):
-            ids = tuple(m.id for m in self.choose(searchable, None, budget_chars))
+            ids = tuple(m.id for m in self.choose(searchable, None, budget, size))
         self._chosen[session] = ids
         return ids
 
-    def choose(self, memories: Sequence[Memory], query: np.ndarray | None, budget_chars: int) -> list[Memory]:
-        """Up to ``top_k`` memories within ``budget_chars`` of text: the newest
-        first, then by cosine to ``query`` (or newest first without one). A
-        masked history shows its newest memories that fit, without gaps."""
+    def choose(
+        self,
+        memories: Sequence[Memory],
+        query: np.ndarray | None,
+        budget: int,
+        size: Callable[[Memory], int] | None = None,
+    ) -> list[Memory]:
+        """Up to ``top_k`` memories within ``budget`` (characters of text, or
+        what ``size`` measures): the newest first, then by cosine to ``query``
+        (or newest first without one). A masked history (``size``: its tokens)
+        shows its newest memories that fit, without gaps."""
         if not memories:
             return []
         newest = max(memories, key=lambda m: m.id)
         scores = cosine_scores(query, memories) if query is not None else {}
         rest = sorted((m for m in memories if m.id != newest.id), key=lambda m: (-scores.get(m.id, 0.0), -m.id))
         chosen: list[Memory] = [newest]
+        if self.kind == "masked" and size is not None:
+            used = size(newest)
+            for memory in rest:  # newest first
+                used += size(memory)
+                if used > budget:
+                    break
+                chosen.append(memory)
+            return sorted(chosen, key=lambda m: m.id)
         used = len(newest.summary)
         for memory in rest:
-            if self.kind == "masked":
-                if used + len(memory.summary) > budget_chars:
-                    break
-            elif len(chosen) == self.top_k:
+            if len(chosen) == self.top_k:
                 break
             chars = len(summary_part(memory))
-            if chars and used + chars <= budget_chars:  # a record alone shows nothing once older
+            if chars and used + chars <= budget:  # a record alone shows nothing once older
                 chosen.append(memory)
                 used += chars
         return sorted(chosen, key=lambda m: m.id)
