@@ -96,6 +96,10 @@ def test_markdown_table_and_files(tmp_path):
         "arg overlap with none": "0.50",
     }
     assert cells(shown["recent_k"], *recent) == recent
+    assert "inserted chars / request" not in (tmp_path / "report.md").read_text()  # neither inserts anything
+    spent = [msgspec.structs.replace(r, inserted={"calls": 30}) if r.policy == "recent_k" else r for r in RECORDS]
+    write_report(tmp_path / "spent", spent, RUNS)
+    assert "| recent_k | 30 | 0.0% | 100.0% |" in (tmp_path / "spent" / "report.md").read_text()
     assert read_records(tmp_path / "records.jsonl") == RECORDS
     assert [r.policy for r in read_runs(tmp_path / "runs.json")] == ["none", "recent_k"]
     assert json.loads((tmp_path / "summary.json").read_text())[1]["agree_tool"] == pytest.approx(2 / 3)

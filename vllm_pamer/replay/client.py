@@ -42,6 +42,7 @@ from vllm_pamer.replay.evidence import (
 )
 from vllm_pamer.replay.likelihood import Scored, action_likelihood
 from vllm_pamer.replay.records import RunSummary, StepRecord
+from vllm_pamer.replay.spending import inserted_spending
 from vllm_pamer.salient import action_values
 from vllm_pamer.trajectories import agent_requests, trajectory_key
 
@@ -267,6 +268,7 @@ async def send_step(
         record.availability = record.available / record.needed if record.needed else None
         record.readable, record.observed = readings(step.needs, sent, step.history)
         record.chars_sent = context_chars(sent)
+        record.inserted = inserted_spending(sent, step.history)
         record.chars_share = record.chars_sent / step.chars_original if step.chars_original else None
         prompt_ids = data.get("prompt_token_ids")
         if keep is not None and isinstance(prompt_ids, list) and step.action:

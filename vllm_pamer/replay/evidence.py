@@ -183,6 +183,12 @@ def readings(wanted: Iterable[str], sent: Sequence[Message], history: Sequence[M
     return Readings(sum(occurs(v, anywhere) for v in values), sum(occurs(v, seen) for v in values))
 
 
+def inserted_messages(sent: Sequence[Message], history: Sequence[Message]) -> list[Message]:
+    """The messages of ``sent`` after the prefix that are not in ``history``: what a policy inserted."""
+    raw = {_key(m) for m in history}
+    return [m for m in sent[prefix_length(history) :] if _key(m) not in raw]
+
+
 def evidence_messages(rewritten: Sequence[Message], original: Sequence[Message], kind: Kind) -> list[Message]:
     """The messages of ``rewritten`` that count as evidence: those with an
     evidence role, and those the policy inserted (not in ``original``)."""

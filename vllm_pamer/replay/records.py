@@ -66,6 +66,8 @@ class StepRecord(msgspec.Struct, kw_only=True):
     chars_original: int = 0
     chars_sent: int | None = None
     chars_share: float | None = None
+    inserted: dict[str, int] | None = None
+    """Characters of what the policy inserted, by part (``evidence.inserted_spending``; None: nothing echoed)."""
     action_logprob: float | None = None
     """The recorded next action's mean log-probability per token given what was
     sent (``client.action_likelihood``; None: not scored)."""
@@ -129,6 +131,10 @@ class PolicyRow(msgspec.Struct, kw_only=True):
     readable_common: float | None = None
     """``readable`` on those requests only (no refusal in it)."""
     observed_common: float | None = None
+    inserted_chars: float | None = None
+    """Mean characters a policy inserted per answered request (memories, placeholders)."""
+    spending: dict[str, float] | None = None
+    """Shares of those characters by part (``evidence.INSERTED_PARTS``)."""
     scored: int = 0
     """Requests whose recorded action was scored (``--likelihood``)."""
     action_logprob: float | None = None

@@ -58,6 +58,7 @@ from vllm_pamer.replay.evidence import FrontierPoint, Reading, recency_at, recen
 from vllm_pamer.replay.plots import plot_all
 from vllm_pamer.replay.readings import add_common, add_likelihood
 from vllm_pamer.replay.records import PolicyRow, RunSummary, StepRecord, key_of, write_records, write_runs
+from vllm_pamer.replay.spending import SPENDING_NOTES, add_spending, spending_table
 
 BASELINE = "none"
 
@@ -350,6 +351,7 @@ def write_report(
         frontier = replayed_frontier(some_records, trajectories) if trajectories is not None else []
         add_over_recency(rows, frontier)
         add_common(rows, some_records)
+        add_spending(rows, some_records)
         add_likelihood(rows, some_records)
         return rows, frontier
 
@@ -359,6 +361,8 @@ def write_report(
         write_runs(out / "runs.json", list(runs))
     (out / "summary.json").write_text(json.dumps(msgspec.to_builtins(rows), indent=2) + "\n")
     parts = [f"# {title}\n", preface, markdown_table(rows) + "\n", NOTES, EVIDENCE_NOTES, evidence_table(rows) + "\n"]
+    if table := spending_table(rows):
+        parts += [SPENDING_NOTES, table + "\n"]
     kinds = sorted({run.kind for run in runs if run.kind})
     if len(kinds) > 1:
         for kind in kinds:
@@ -367,6 +371,8 @@ def write_report(
             name = KIND_TITLES.get(kind, kind)
             kind_rows, kind_frontier = rows_and_frontier(kind_records, kind_runs)
             parts.append(f"\n## {name}\n\n{markdown_table(kind_rows)}\n\n{evidence_table(kind_rows)}\n")
+            if table := spending_table(kind_rows):
+                parts.append(table + "\n")
             parts += plot_all(out, kind_records, kind_rows, kind_frontier, f"_{kind}", name)
     else:
         parts += plot_all(out, records, rows, frontier)

@@ -46,6 +46,7 @@ from vllm_pamer.replay.evidence import (
     recency_frontier,
     trajectory_kind,
 )
+from vllm_pamer.replay.spending import inserted_spending
 from vllm_pamer.stores.sqlite import SqliteStore
 from vllm_pamer.trajectories import agent_requests
 
@@ -153,6 +154,7 @@ def simulate(
         votes = random.Random(settings.seed)
         needed = available = chars_in = chars_out = compactions = refused = prefill = fallbacks = 0
         wanted = readable = observed = 0  # the one rule (evidence.needs, evidence.readings)
+        spent: dict[str, int] = {}  # inserted characters by part (spending.inserted_spending)
         steps = [_steps(t, settings.max_steps) for t in trajectories]
         now = [0.0]  # modelled seconds: each round of requests takes --round-s (kv_share's idle time)
         schedule = getattr(policy, "schedule", None)
@@ -203,6 +205,8 @@ def simulate(
                     read = readings(fair, sent, history)
                     readable, observed = readable + read.readable, observed + read.observed
                     chars_out += context_chars(sent)
+                    for part, chars in inserted_spending(sent, history).items():
+                        spent[part] = spent.get(part, 0) + chars
     share = chars_out / chars_in if chars_in else 0.0
     frontier = recency_frontier(trajectories, range(1, 40), settings.max_steps or None)
     evidence = available / needed if needed else 0.0
@@ -225,4 +229,6 @@ def simulate(
         "readable_over_recency_pt": lead(fair_readable, "readable"),
         "observed": round(fair_observed, 3),
         "observed_over_recency_pt": lead(fair_observed, "observed"),
+        "inserted_chars": sum(spent.values()),
+        "spending": {part: round(chars / sum(spent.values()), 3) for part, chars in spent.items() if chars},
     }

@@ -57,3 +57,37 @@ def test_relevance_prefers_blocks_like_the_current_work():
     blocks = list(split_conversation(conversation(3, chars=10)).blocks)
     scores = relevance(blocks, blocks[1:2])
     assert scores[1] == max(scores) and scores[1] > 0
+
+
+def test_spending_counts_each_line_of_a_memory_to_what_it_carries():
+    """A memory message of a summary and a record: every character is counted
+    once, to the summary, the calls, the agent's words, the user, the results
+    (continuation lines with their item) or the framing."""
+    import numpy as np
+
+    from vllm_pamer.core.policies.pamer.record import spending
+    from vllm_pamer.core.policies.summary_writer import memory_message
+    from vllm_pamer.core.store import Memory
+
+    call = {"id": "1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}
+    steps = [
+        Block(
+            (
+                {"role": "assistant", "content": "look", "tool_calls": [call]},
+                {"role": "tool", "content": "a.py\nb.py"},
+            )
+        ),
+        Block(({"role": "user", "content": "use b.py\nnot a.py"},)),
+    ]
+    record = step_record(steps, [], 10_000)
+    memory = Memory(1, "s", "The goal.\n\n" + record, np.zeros(2, dtype=np.float32), "e", (), (), 0.0)
+    text = str(memory_message([memory])["content"])
+    spent = spending(text)
+    assert sum(spent.values()) == len(text) + 1  # every line and its newline, once
+    assert spent["summary"] == len("The goal.\n\n")
+    assert spent["calls"] == len('  called bash({"command": "ls"})\n')
+    assert spent["agent"] == len("  agent: look\n")
+    assert spent["results"] == len("  result: a.py\n    b.py\n")
+    assert spent["user"] == len("  user: use b.py\n    not a.py\n")
+    assert spent["framing"] == len(text) + 1 - sum(v for k, v in spent.items() if k != "framing")
+    assert spending(record)["summary"] == 0  # a record alone: nothing is summary

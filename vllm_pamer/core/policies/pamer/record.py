@@ -219,3 +219,34 @@ def without_echoes(text: str) -> str:
         if not echo:
             kept.append(line)
     return "\n".join(kept)
+
+
+SPENDING_PARTS = ("summary", "calls", "agent", "user", "results", "framing")
+"""What a memory's characters carry (``spending``)."""
+_ITEM_PARTS = {"called ": "calls", "agent: ": "agent", "user: ": "user", "result: ": "results"}
+_MEMORY_LABEL = re.compile(r"\[memory \d+\] ")
+
+
+def spending(text: str) -> dict[str, int]:
+    """Characters of a memory message (``memory_message``'s) by what they
+    carry: the summary; the record's copies of the agent's calls and words;
+    the user's turns; result excerpts; and framing (headers, memory and step
+    labels, the note of omitted steps). A line continues the item above it
+    when indented under it, as ``render`` writes it."""
+    spent = dict.fromkeys(SPENDING_PARTS, 0)
+    in_record, part = False, "framing"
+    for line in text.split("\n"):
+        size = len(line) + 1
+        label = _MEMORY_LABEL.match(line)
+        if label:  # a memory begins: a summary, or a record alone
+            spent["framing"] += label.end()
+            line, size = line[label.end() :], size - label.end()
+            in_record, part = False, "summary"
+        if line.startswith(RECORD_HEADER):
+            in_record, part = True, "framing"
+        elif in_record and line.startswith("  ") and line[2:].startswith(tuple(_ITEM_PARTS)):
+            part = next(p for mark, p in _ITEM_PARTS.items() if line[2:].startswith(mark))
+        elif in_record and not line.startswith("    "):
+            part = "framing"  # a step label or the note of omitted steps
+        spent[part] += size  # before any label: the message header
+    return spent
