@@ -193,15 +193,15 @@ def test_a_vote_inside_the_band_waits_for_a_large_step(store):
 def test_the_memory_keeps_exact_values_of_the_archived_steps(store):
     messages = conversation(9)
     messages.insert(4, {"role": "user", "content": "Correction: use reservation ZQ8V1X, not the old one."})
-    out = Session(store, record_share=0.4, memory_share=0.45).send(messages)  # room for every result's start
+    messages[3]["content"] = "ID0 found in src/billing/refund_rules.py"  # a name only this result holds
+    out = Session(store, record_share=0.4, memory_share=0.45).send(messages)
     assert out.action == "compressed"
     [memory] = blocking(store).load("s1").memories
     text = memory.summary
     assert RECORD_HEADER in text
-    assert 'called lookup({"k": "ID0"})' in text  # calls with their exact arguments
+    assert 'called lookup({"k": "ID1"})' in text  # calls with their exact arguments
     assert "user: Correction: use reservation ZQ8V1X, not the old one." in text  # user turns verbatim
-    archived = len(memory.covered_block_ids)
-    assert all(f"ID{i} " in text for i in range(archived))  # every result's beginning
+    assert "result: ID0 found in src/billing/refund_rules.py" in text.split(RECORD_HEADER, 1)[1]  # its line
     shown = out.messages[2]["content"]
     assert shown.startswith(MEMORY_HEADER) and "ZQ8V1X" in shown
 
@@ -211,12 +211,16 @@ def test_the_record_has_its_share_before_old_blocks_stay_raw(store):
     so that the record still gets its share of the budget."""
     task = {"role": "user", "content": "Task: fix ID-task. " + "context " * 300}  # ~600 tokens
     messages = conversation(0)[:1] + [task] + conversation(9)[2:]
+    for i, message in enumerate(m for m in messages if m["role"] == "tool"):  # a name in every line: worth keeping
+        message["content"] = "\n".join(f"file_{i}_{j}.py: def handler_{i}_{j}()" for j in range(25))
     out = Session(store).send(messages, vote=COMPRESS)
     assert out.action == "compressed"
     [memory] = blocking(store).load("s1").memories
     record = memory.summary.split(RECORD_HEADER, 1)[1]
-    share = BUDGET["record_share"] * BUDGET["context_budget"] * 4  # FakeEngine: 4 characters a token
-    assert 0.8 * share <= len(record) <= 1.05 * share
+    # FakeEngine counts 4 characters a token of the whole message, the record's room is
+    # in the conversation's own characters of content a token: fewer here
+    share = BUDGET["record_share"] * BUDGET["context_budget"] * 4
+    assert 0.6 * share <= len(record) <= 1.05 * share
 
 
 def test_the_newest_record_carries_the_earlier_steps_forward(store):

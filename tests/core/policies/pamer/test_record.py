@@ -10,28 +10,49 @@ from vllm_pamer.core.blocks import Block, split_conversation
 from vllm_pamer.core.policies.pamer.record import RECORD_HEADER, relevance, step_record
 
 
-def test_the_record_respects_its_budget_and_cuts_the_least_alike_first():
-    blocks = list(split_conversation(conversation(6, chars=2000)).blocks)
-    current = list(split_conversation(conversation(7, chars=50)).blocks)[-1:]  # mentions ID6 only
+def _varied(n_blocks: int, lines: int = 30) -> list[Block]:
+    """Blocks whose results hold names no other result holds (``fakes.conversation``'s repeat one word)."""
+    messages = conversation(n_blocks)
+    for i, message in enumerate(m for m in messages if m["role"] == "tool"):
+        message["content"] = "\n".join(
+            f"src/mod_{i}/file_{j}.py: def handler_{i}_{j}(value_{i}_{j})" for j in range(lines)
+        )
+    return list(split_conversation(messages).blocks)
+
+
+def test_the_record_respects_its_budget():
+    blocks = _varied(6)
+    current = _varied(7)[-1:]
     full = step_record(blocks, current, 1_000_000)
     for budget in (4000, 1500, 600, 200):
         record = step_record(blocks, current, budget)
         assert len(record) <= max(budget, len(RECORD_HEADER) + 40), budget
         assert record.startswith(RECORD_HEADER)
     assert len(step_record(blocks, current, 4000)) < len(full)
-    tight = step_record(blocks, current, 1500)
-    assert "called lookup" in tight  # calls outlive results
+    assert all(f"handler_{i}_{j}" in full for i in range(6) for j in range(30))  # with room, every line
+
+
+def test_a_line_that_adds_nothing_is_not_kept():
+    """A result repeated word for word, and lines whose words the request holds
+    anyway, cost characters and carry nothing: the record leaves them out."""
+    blocks = _varied(3)
+    repeat = Block((blocks[0].messages[0], {**blocks[0].messages[1]}))
+    known = [{"role": "user", "content": "Task: read src/mod_2/file_0.py, def handler_2_0(value_2_0)"}]
+    record = step_record([*blocks, repeat], [], 1_000_000, known=known)
+    assert record.count("handler_0_5(value_0_5)") == 1
+    assert "handler_2_0" not in record and "handler_2_1(value_2_1)" in record
 
 
 def test_the_record_never_leaves_out_the_newest_step():
     """A step whose user turn alone is longer than the record's budget keeps
-    its call and the beginning and end of what the user said."""
+    the beginning and end of what the user said; earlier steps leave, and
+    the record says so."""
     blocks = list(split_conversation(conversation(3, chars=50)).blocks)
     long_turn = {"role": "user", "content": "My booking is XK42Q9. " + "Please hurry. " * 60 + "Thanks, Omar."}
     blocks[-1] = Block((*blocks[-1].messages, long_turn))
     record = step_record(blocks, [], 400)
     assert "(steps 1-2 omitted for space)" in record and "step 3:" in record
-    assert "called lookup" in record and "XK42Q9" in record and "Thanks, Omar." in record
+    assert "XK42Q9" in record and "Thanks, Omar." in record
     assert len(record) <= 400 + 80
 
 
@@ -77,7 +98,7 @@ def test_spending_counts_each_line_of_a_memory_to_what_it_carries():
                 {"role": "tool", "content": "a.py\nb.py"},
             )
         ),
-        Block(({"role": "user", "content": "use b.py\nnot a.py"},)),
+        Block(({"role": "user", "content": "use the second\nnot the first"},)),
     ]
     record = step_record(steps, [], 10_000)
     memory = Memory(1, "s", "The goal.\n\n" + record, np.zeros(2, dtype=np.float32), "e", (), (), 0.0)
@@ -88,6 +109,6 @@ def test_spending_counts_each_line_of_a_memory_to_what_it_carries():
     assert spent["calls"] == len('  called bash({"command": "ls"})\n')
     assert spent["agent"] == len("  agent: look\n")
     assert spent["results"] == len("  result: a.py\n    b.py\n")
-    assert spent["user"] == len("  user: use b.py\n    not a.py\n")
+    assert spent["user"] == len("  user: use the second\n    not the first\n")
     assert spent["framing"] == len(text) + 1 - sum(v for k, v in spent.items() if k != "framing")
     assert spending(record)["summary"] == 0  # a record alone: nothing is summary

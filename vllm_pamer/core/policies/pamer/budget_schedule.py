@@ -299,7 +299,9 @@ class BudgetSchedule:
         if self.kind == "masked":
             return masked_text(archived), NO_EMBEDDING
         earlier = await archived_blocks(context.store, request.session_id, choice.searchable)
-        record = step_record(earlier + archived, kept, int(plan.record_tokens * chars_per_token))
+        record = step_record(
+            earlier + archived, kept, int(plan.record_tokens * chars_per_token), known=choice.view.prefix
+        )
         if self.kind == "record":  # the newest record alone is shown: no embedding, no engine request
             return record, NO_EMBEDDING
         if budget.under_kv_pressure and not cfg.kv_pressure_summary:

@@ -100,10 +100,11 @@ class BudgetConfig(PamerOptions, frozen=True):
     """The summary layout while KV pressure (not ``kv_share``) has shrunk the
     budget. ``text`` prefills only the archived steps: a scarce cache seldom
     still holds the conversation that ``conversation`` resends."""
-    record_share: float = 0.15
+    record_share: float = 0.25
     """The verbatim record of the steps a compaction archives (``record.py``)
-    has this share of the budget; a compaction archives enough raw blocks to
-    make room for it."""
+    has at most this share of the budget; a compaction archives enough raw
+    blocks to make room for it (chosen on the tuning split:
+    ``benchmarks/RESULTS.md``, "The record's lines")."""
     memory_share: float = 0.3
     """The memories a request shows take at most this share of the budget."""
 

@@ -1,17 +1,19 @@
 """The verbatim record of archived steps: what a memory keeps besides its
 summary, so exact values survive a compaction whatever the summarizer writes.
 
-For each archived block, in order: the agent's tool calls with their exact
-arguments (a very long one, a file written inline, keeps its beginning and
-end) and what the user said (instructions, corrections), verbatim; then,
-as the character budget allows, the beginning of every tool result, and whole
-results for the steps most like the current work (the blocks kept raw), as
-the PaMER paper found restored raw steps worth more than summaries. A result
-that does not fit whole keeps its beginning and its end. When even the calls
-do not fit, the oldest steps are left out, and the record says so. It is
-readable text, never a list of extracted values. The newest step is never
-left out: when it alone is too long, its calls and user turns keep their
-beginning and end.
+It is readable text in the steps' order, never a list of extracted values:
+per archived step, lines of the agent's own words, its tool calls with their
+exact arguments (a very long one, a file written inline, keeps its
+beginning and end), what the user said (instructions, corrections: always
+kept, verbatim) and lines of the tool results. Which lines, within the
+character budget, is ``excerpts.choose``'s: the ones that add the most
+words the request would otherwise not hold, per character, favouring the
+steps most like the current work (the blocks kept raw). So a name seen once
+in an old result outlives the tenth listing of the same directory, and a
+call repeated many times is shown once. The PaMER paper found restored raw
+steps worth more than summaries; this keeps the raw lines that carry most.
+When even the user turns do not fit, the oldest steps are left out, and the
+record says so; the newest step's turns then keep their beginning and end.
 """
 
 from __future__ import annotations
@@ -23,11 +25,10 @@ from collections import Counter
 from collections.abc import Sequence
 
 from vllm_pamer.core.blocks import Block, Message
+from vllm_pamer.core.policies.pamer.excerpts import choose, pieces, units, words
 from vllm_pamer.core.text import cap_head_and_tail
 
 RECORD_HEADER = "Record of the archived steps (tool calls exactly, user turns verbatim, result excerpts):"
-HEAD_EXCERPT = 120
-"""Characters of every result's beginning the record keeps when it has room."""
 _WORD = re.compile(r"[A-Za-z0-9_./-]{3,}")
 
 
@@ -48,23 +49,26 @@ def _call_line(call: dict[str, object]) -> str:
     return f"called {function.get('name')}({arguments})"
 
 
+def _held_text(message: Message) -> str:
+    """A message's text and its calls, as the model reads them."""
+    calls = [_call_line(c) for c in message.get("tool_calls") or [] if isinstance(c, dict)]
+    return "\n".join([_text(message.get("content")), *calls])
+
+
 def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-AGENT_CHARS = (400, 160, 0)
-"""The agent's own words kept per step, longest first; the record shortens
-them before it leaves any step out."""
-CALL_CHARS = (0, 1500)
-"""Characters each tool call keeps (0: whole), tried in turn after the agent's
-words: a long call (a file written inline) keeps its beginning and end, so it
-does not push whole earlier steps out. User turns stay whole."""
+CALL_CHARS = 300
+"""Characters a tool call keeps at most: a long one (a file written inline)
+keeps its beginning and end, so it does not crowd out whole earlier steps."""
 GAP = " [...] "
-"""Where the record left out the middle of a call or result."""
-
-
+"""Where the record left out the middle of a call or user turn."""
+LINE_GAP = " [...]"
+"""After a line that lines the record left out follow."""
 LINE_CHARS_MIN = 80
-"""Characters a call or user turn keeps, at the least, when the newest step alone is too long."""
+"""Characters a user turn keeps, at the least, when the newest step alone is too long."""
+_SENTENCE = re.compile(r"(?<=[.!?:])\s+")
 
 ECHO_MARKS = ("called ", "agent: ")
 """How the record's items that copy the agent's own calls and words begin
@@ -74,45 +78,58 @@ ITEM_MARKS = (*ECHO_MARKS, "user: ", "result: ")
 """Every item of a step; an item runs until the next item or step."""
 
 
+class _Part:
+    """One thing of a step the record may show in part: the agent's words,
+    one call, or one result, cut into units (lines, sentences, a whole call)."""
+
+    def __init__(self, kind: str, pieces_: list[str]) -> None:
+        self.kind = kind
+        self.units = pieces_
+        self.kept: set[int] = set()
+
+    def render(self) -> str | None:
+        """The units kept, in order, a gap mark where some were left out; None: nothing kept."""
+        if not self.kept:
+            return None
+        order = sorted(self.kept)
+        if self.kind == "call":
+            return self.units[0]
+        gap = [i + 1 < len(self.units) and i + 1 not in self.kept for i in order]  # lines left out after it
+        shown = [self.units[i] + (LINE_GAP if g else "") for i, g in zip(order, gap)]
+        label, joint = ("agent: ", " ") if self.kind == "agent" else ("result: ", "\n")  # sentences: one line
+        return label + ("[...] " if order[0] else "") + joint.join(shown)
+
+
 class _Step:
-    """One archived block: the agent's words, its calls, the user's turns, its results."""
+    """One archived block: its parts, and the user's turns (always shown)."""
 
     def __init__(self, number: int, block: Block) -> None:
         self.number = number
-        self.lines: list[tuple[str, str]] = []  # (kind, text) in order: agent / call / user
-        self.results: list[str] = []
+        self.parts: list[_Part] = []
+        self.user: list[str] = []
         for message in block.messages:
             role = message.get("role")
             text = _text(message.get("content")).strip()
             if role == "assistant":
                 if text:
-                    self.lines.append(("agent", _one_line(text)))
-                self.lines += [("call", _call_line(c)) for c in message.get("tool_calls") or [] if isinstance(c, dict)]
+                    sentences = [p for s in _SENTENCE.split(_one_line(text)) for p in pieces(s)]
+                    self.parts.append(_Part("agent", sentences))
+                for call in message.get("tool_calls") or []:
+                    if isinstance(call, dict):
+                        self.parts.append(_Part("call", [cap_head_and_tail(_call_line(call), CALL_CHARS, GAP)]))
             elif role == "user" and text:
-                self.lines.append(("user", f"user: {text}"))
+                self.user.append(f"user: {text}")
             elif text:  # a tool (or function) result
-                self.results.append(text)
-        self.agent_chars = AGENT_CHARS[0]
-        self.call_chars = CALL_CHARS[0]
-        """Characters of each call shown (0: whole)."""
-        self.line_chars = 0
-        """Characters of each call and user turn of the newest step alone (0: whole)."""
-        self.excerpt = [len(r) for r in self.results]
-        """Characters of each result shown (0: left out)."""
+                self.parts.append(_Part("result", units(text)))
+        self.user_chars = 0
+        """Characters of each user turn shown (0: whole), when the newest step alone is too long."""
 
     def render(self) -> str:
-        lines = [f"step {self.number}:"]
-        for kind, text in self.lines:
-            chars = self.line_chars or (self.call_chars if kind == "call" else 0)
-            if kind != "agent":  # a line of a multi-line turn or call continues indented, as a result's
-                shown = cap_head_and_tail(text, chars, GAP) if chars else text
-                lines.append("  " + shown.replace("\n", "\n    "))
-            elif self.agent_chars:
-                lines.append(f"  agent: {cap_head_and_tail(text, self.agent_chars, GAP)}")
-        for result, chars in zip(self.results, self.excerpt):
-            if chars:
-                lines.append("  result: " + cap_head_and_tail(result, chars, GAP).replace("\n", "\n    "))
-        return "\n".join(lines)
+        """``step N:`` and an item a line (continuation lines indented under it)."""
+        shown = [p.render() for p in self.parts if p.kind != "result"]
+        shown += [cap_head_and_tail(u, self.user_chars, GAP) if self.user_chars else u for u in self.user]
+        shown += [p.render() for p in self.parts if p.kind == "result"]
+        return "\n".join([f"step {self.number}:", *("  " + text.replace("\n", "\n    ") for text in shown if text)])
 
 
 def _words(messages: Sequence[Message]) -> Counter[str]:
@@ -141,10 +158,29 @@ def relevance(blocks: Sequence[Block], current: Sequence[Block]) -> list[float]:
     return scores
 
 
-def step_record(blocks: Sequence[Block], current: Sequence[Block], budget_chars: int, first_step: int = 1) -> str:
+RECENCY_STEPS = 4.0
+"""A step this many steps before the newest archived one weighs half as much
+again as the newest: what was read last is read again soonest."""
+RELEVANCE = 1.0
+"""How much a step's likeness to the current work adds to its weight."""
+
+
+def _weight(relevance_: float, age: int) -> float:
+    """How much a word of a step counts, by its likeness to the current work and its age (1: newest)."""
+    return (1.0 + RELEVANCE * relevance_) * RECENCY_STEPS / (RECENCY_STEPS + age - 1)
+
+
+def step_record(
+    blocks: Sequence[Block],
+    current: Sequence[Block],
+    budget_chars: int,
+    first_step: int = 1,
+    known: Sequence[Message] = (),
+) -> str:
     """The record of ``blocks`` (numbered from ``first_step``) within
-    ``budget_chars``; ``current`` (the blocks that stay raw) decides which
-    steps' results are kept whole."""
+    ``budget_chars``; ``current`` (the blocks that stay raw) and ``known``
+    (the prefix) are what the request holds besides it: the lines kept are
+    those that add most to them (``excerpts.choose``)."""
     steps = [_Step(first_step + i, b) for i, b in enumerate(blocks)]
     scores = relevance(blocks, current)
     omitted = 0
@@ -153,54 +189,35 @@ def step_record(blocks: Sequence[Block], current: Sequence[Block], budget_chars:
         return f"(steps {first_step}-{first_step + omitted - 1} omitted for space)" if omitted else ""
 
     def size() -> int:
-        return len(RECORD_HEADER) + len(note()) + 1 + sum(len(s.render()) + 1 for s in steps)
+        shown = [s.render() for s in steps]
+        return len(RECORD_HEADER) + len(note()) + 1 + sum(len(r) + 1 for r in shown if "\n" in r)
 
-    # 1. the skeleton: the calls and user turns of every step, the agent's words then long
-    #    calls shortened, then the oldest steps dropped if even that is too long
-    full = {id(s): list(s.excerpt) for s in steps}
-    for step in steps:
-        step.excerpt = [0] * len(step.results)
-    for chars in AGENT_CHARS[1:]:
-        if size() <= budget_chars:
-            break
-        for step in steps:
-            step.agent_chars = chars
-    for chars in CALL_CHARS[1:]:
-        if size() <= budget_chars:
-            break
-        for step in steps:
-            step.call_chars = chars
+    # 1. the user's turns, always; the oldest steps leave when even they do not fit
     while len(steps) > 1 and size() > budget_chars:
         steps.pop(0)
         omitted += 1
-    if steps and size() > budget_chars:  # the newest step alone is too long: shorten its lines
+    if steps and size() > budget_chars:  # the newest step alone is too long: shorten its turns
         newest = steps[0]
-        longest = max((len(t) for k, t in newest.lines if k != "agent"), default=0)
-        newest.line_chars = max(LINE_CHARS_MIN, longest - (size() - budget_chars))
-        while newest.line_chars > LINE_CHARS_MIN and size() > budget_chars:
-            newest.line_chars = max(LINE_CHARS_MIN, newest.line_chars * 3 // 4)
-    # 2. the beginning of every result, oldest first, while there is room
-    for step in steps:
-        trial = [min(HEAD_EXCERPT, c) for c in full[id(step)]]
-        previous, step.excerpt = step.excerpt, trial
-        if size() > budget_chars:
-            step.excerpt = previous
-            break
-    # 3. whole results, the steps most like the current work (then the newest) first; one
-    #    that does not fit whole gets the room left, cut at its middle
-    for step in sorted(steps, key=lambda s: (-scores[s.number - first_step], -s.number)):
-        previous = step.excerpt
-        step.excerpt = full[id(step)]
-        if size() <= budget_chars:
-            continue
-        step.excerpt = previous
-        room = budget_chars - size()
-        if room > HEAD_EXCERPT and step.results:
-            extra = room // len(step.results)
-            step.excerpt = [min(f, p + max(0, extra)) for f, p in zip(full[id(step)], previous)]
-            if size() > budget_chars:
-                step.excerpt = previous
-    return "\n".join([RECORD_HEADER] + ([note()] if omitted else []) + [s.render() for s in steps])
+        newest.user_chars = max(LINE_CHARS_MIN, max(map(len, newest.user), default=0) - (size() - budget_chars))
+        while newest.user_chars > LINE_CHARS_MIN and size() > budget_chars:
+            newest.user_chars = max(LINE_CHARS_MIN, newest.user_chars * 3 // 4)
+    # 2. the lines that add most to what the request holds, in the room left
+    parts = [(step, part) for step in steps for part in step.parts]
+    held = [m for b in current for m in b.messages] + list(known)
+    turns = "\n".join(u for step in steps for u in step.user)
+    picks = choose(
+        [part.units for _, part in parts],
+        [_weight(scores[step.number - first_step], len(blocks) + first_step - step.number) for step, _ in parts],
+        words("\n".join(_held_text(m) for m in held)) | words(turns),
+        budget_chars - size(),
+    )
+    for o, u in picks:
+        parts[o][1].kept.add(u)
+    while picks and size() > budget_chars:  # step labels and gap marks the choice did not count
+        o, u = picks.pop()
+        parts[o][1].kept.discard(u)
+    shown = [r for r in (s.render() for s in steps) if "\n" in r]  # a step with nothing shown is left out
+    return "\n".join([RECORD_HEADER] + ([note()] if omitted else []) + shown)
 
 
 def without_echoes(text: str) -> str:
