@@ -106,7 +106,13 @@ def run_mode(mode: str, model_dir: Path, prompts: list[str], workdir: Path) -> M
         with ThreadPoolExecutor(4) as pool:
             reports = list(pool.map(send, range(len(prompts))))
         time.sleep(1)  # the last records reach the metrics
-        records = _records(server.base_url)
+        try:
+            records = _records(server.base_url)
+        except httpx.HTTPError as exc:  # the server went away mid-run: say why, from its log
+            raise RuntimeError(
+                f"{mode}: the server stopped answering ({exc}); {sum(r is None for r in reports)} of "
+                f"{len(reports)} requests failed; its log ends:\n{server.tail(60)}"
+            ) from exc
     finally:
         server.stop()
     store = open_store(store_path)

@@ -25,6 +25,7 @@ from vllm_pamer.training.annotate import (
     tokenizer_counter,
 )
 from vllm_pamer.training.data import StatesError, load_data, load_labels, load_layer_states, load_states
+from vllm_pamer.trajectories import in_split
 
 # --------------------------------------------------------------------------------------
 # vllm-pamer annotate
@@ -80,6 +81,12 @@ def annotate_main(argv: Sequence[str] | None = None) -> int:
         help="trajectories (.jsonl or .jsonl.gz); repeatable (default: both shipped samples)",
     )
     parser.add_argument("--limit", type=int, default=None, metavar="N", help="first N trajectories of each file")
+    parser.add_argument(
+        "--split",
+        choices=("tuning", "evaluation"),
+        default=None,
+        help="only the trajectories of this split (vllm_pamer/data/splits.json; default: all): train on tuning",
+    )
     parser.add_argument("--out", required=True, metavar="PATH", help="output JSON lines, one decision point each")
     parser.add_argument("--annotator", default="reference", help="registered annotator (default: reference)")
     parser.add_argument(
@@ -111,7 +118,7 @@ def annotate_main(argv: Sequence[str] | None = None) -> int:
         annotator = create_annotator(args.annotator, settings, counter)
     except UnknownAnnotator as exc:
         parser.error(str(exc))
-    trajectories = load_data(args.data, args.limit)
+    trajectories = in_split(load_data(args.data, args.limit), args.split)
 
     from tqdm import tqdm
 
