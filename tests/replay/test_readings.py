@@ -64,3 +64,25 @@ def test_the_evidence_table_names_its_columns():
     column = {title: i for i, title in enumerate(titles)}
     assert cells["pamer"][column["readable"]] == "87.5%" and cells["pamer"][column["observed"]] == "50.0%"
     assert cells["none"][column["refused"]] == "1" and cells["none"][column["common requests"]] == "2"
+
+
+def test_prefill_on_common_requests_leaves_out_what_the_others_computed():
+    """A policy's prefill on the requests every policy answered: its whole
+    computed prefill (internal requests included) less the prompt tokens its
+    other answered requests did not get from the prefix cache."""
+    records = [
+        rec("none", "t", 0, needs=1, readable=1),
+        rec("none", "t", 1, needs=1, status="beyond_window"),
+        rec("pamer", "t", 0, needs=1, readable=1),
+        rec("pamer", "t", 1, needs=1, readable=1),
+    ]
+    for r, (prompt, cached) in zip(records, [(100, 0), (None, None), (100, 0), (900, 200)]):
+        r.usage_prompt_tokens, r.cached_tokens = prompt, cached
+    rows = {row.policy: row for row in summarize(records, [run("none"), run("pamer")])}
+    rows["none"].prefill_computed, rows["pamer"].prefill_computed = 100.0, 1300.0  # pamer: 300 of a summary
+    add_common(list(rows.values()), records)
+    assert rows["none"].prefill_common == 100.0
+    assert rows["pamer"].prefill_common == 1300.0 - (900 - 200)
+    records[3].cached_tokens = None  # unknown: no figure rather than a wrong one
+    add_common(list(rows.values()), records)
+    assert rows["pamer"].prefill_common is None

@@ -36,6 +36,15 @@ def add_common(rows: Sequence[PolicyRow], records: Sequence[StepRecord]) -> None
         row.common = len(common)
         row.readable_common = _share(sum(r.readable or 0 for r in mine), wanted)
         row.observed_common = _share(sum(r.observed or 0 for r in mine), wanted)
+        row.prefill_common = _prefill_common(row, [r for r in records if r.policy == row.policy], common)
+
+
+def _prefill_common(row: PolicyRow, records: Sequence[StepRecord], common: set[tuple[str, int]]) -> float | None:
+    """The row's computed prefill less what its answered requests outside ``common`` computed."""
+    outside = [r for r in records if r.status == "ok" and (key_of(r), r.step) not in common]
+    if row.prefill_computed is None or any(r.usage_prompt_tokens is None or r.cached_tokens is None for r in outside):
+        return None
+    return row.prefill_computed - sum((r.usage_prompt_tokens or 0) - (r.cached_tokens or 0) for r in outside)
 
 
 RECENCY_POLICIES = ("recent_k", "sliding_window")

@@ -131,6 +131,10 @@ class PolicyRow(msgspec.Struct, kw_only=True):
     readable_common: float | None = None
     """``readable`` on those requests only (no refusal in it)."""
     observed_common: float | None = None
+    prefill_common: float | None = None
+    """``prefill_computed`` less what the answered requests outside the common
+    ones computed (their prompt tokens not served from the prefix cache); a
+    policy's internal requests stay in it. None without cached-token counts."""
     inserted_chars: float | None = None
     """Mean characters a policy inserted per answered request (memories, placeholders)."""
     spending: dict[str, float] | None = None

@@ -274,6 +274,7 @@ EVIDENCE_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("common", "common requests", "num"),
     ("readable_common", "readable, common", "pct"),
     ("observed_common", "observed, common", "pct"),
+    ("prefill_common", "prefill computed, common", "num"),
     ("scored", "scored", "num"),
     ("action_logprob", "action log-prob", "logp"),
     ("logprob_lost", "lost vs full history", "logp"),
@@ -310,7 +311,9 @@ after the prefix; observed only in observation text (raw tool and user
 messages, and inserted text without the record's copies of the agent's calls
 and words). Over recency: at the same chars share on the same requests.
 Common: the requests every policy here answered; a refused request reads
-nothing in the other columns. Action log-prob (with ``--likelihood``): the
+nothing in the other columns. Prefill computed, common: the policy's prefill
+less what its answered requests outside the common ones computed (its
+summaries and other internal requests stay in it). Action log-prob (with ``--likelihood``): the
 recorded next action's mean log-probability per token given what the policy
 sent, teacher forced on the served model; lost vs full history: `none`'s minus
 the policy's on the requests both scored; recency loses there: the same for
