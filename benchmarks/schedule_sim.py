@@ -6,6 +6,7 @@ compares the two).
 
     .venv/bin/python -m benchmarks.schedule_sim --kind swe --n 8 --max-steps 30
     .venv/bin/python -m benchmarks.schedule_sim --kind swe --split tuning --pool 33 --n 33  # choose on tuning
+    .venv/bin/python -m benchmarks.schedule_sim --kind tau --split tuning --n 52 --max-steps 0 --context-budget 3000
     .venv/bin/python -m benchmarks.schedule_sim --kind swe --offset 16 --pool 32 --n 32  # off the run's own
     .venv/bin/python -m benchmarks.schedule_sim --kind tau --n 12 --policies none,recent_k,pamer \\
         --options '{"pamer": {"target_share": 0.5, "band_share": 0.25}}'
@@ -56,6 +57,13 @@ def main() -> None:
     )
     parser.add_argument("--vote-p", type=float, default=0.8, help="chance the heads vote compress")
     parser.add_argument("--window", type=int, default=8192)
+    parser.add_argument(
+        "--context-budget",
+        type=int,
+        default=None,
+        help="the budget every request sets (X-Pamer-Context-Budget), e.g. 4096 (mini-swe's tight point): "
+        "every policy with a budget at the same one (default: each policy's own)",
+    )
     parser.add_argument(
         "--kv-usage", type=float, default=None, help="KV-cache usage (0-1) every request sees (default: unknown)"
     )

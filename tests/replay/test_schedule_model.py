@@ -41,3 +41,20 @@ def test_sessions_side_by_side_share_the_modelled_kv_cache(counter):
         args = ModelSettings(max_steps=12, kv_capacity=capacity, side_by_side=2)
         runs[capacity] = simulate("pamer", options, trajectories, args, counter)
     assert runs[8000]["fallbacks"] == 0 and runs[8000]["compactions"] > runs[None]["compactions"]
+
+
+def test_a_budget_every_request_sets_reaches_each_policy_with_one(counter):
+    """``context_budget`` is the header every replayed request sets: PaMER,
+    configured with the default budget, compacts by it; recent_k ignores it."""
+    trajectories = load_trajectories(kind="swe")[:1]
+    options = policy_options(96)["pamer"]
+    runs = {
+        budget: simulate("pamer", options, trajectories, ModelSettings(max_steps=12, context_budget=budget), counter)
+        for budget in (None, 3000)
+    }
+    assert runs[3000]["fallbacks"] == 0 and runs[3000]["compactions"] > runs[None]["compactions"]
+    recency = [
+        simulate("recent_k", {}, trajectories, ModelSettings(max_steps=12, context_budget=b), counter)
+        for b in (None, 3000)
+    ]
+    assert recency[0] == recency[1]

@@ -135,6 +135,10 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True):
     """Sessions at a time, one request each in turn (as the server sees them)."""
     round_s: float = 20.0
     """Modelled seconds between a session's requests (``kv_share``'s idle time)."""
+    context_budget: int | None = None
+    """The context budget every request sets (``X-Pamer-Context-Budget``, as
+    ``benchmarks.policies --context-budget``): every policy with a budget at
+    the same one. None: each policy's own."""
 
 
 def simulate(
@@ -181,6 +185,7 @@ def simulate(
                             vote,
                             context,
                             prompt_tokens=counter.request(history),
+                            context_budget=settings.context_budget,
                         )
                     )
                     compactions += out.action == "compressed"
