@@ -7,8 +7,8 @@ exact arguments (a very long one, a file written inline, keeps its
 beginning and end), what the user said (instructions, corrections: always
 kept, verbatim) and lines of the tool results. Which lines, within the
 character budget, is ``excerpts.choose``'s: the ones that add the most
-words the request would otherwise not hold, per character, favouring the
-steps most like the current work (the blocks kept raw). So a name seen once
+words the request would otherwise not hold, per character, favouring recent
+steps and those most like the current work (the blocks kept raw). So a name seen once
 in an old result outlives the tenth listing of the same directory, and a
 call repeated many times is shown once. The PaMER paper found restored raw
 steps worth more than summaries; this keeps the raw lines that carry most.
@@ -25,11 +25,10 @@ from collections import Counter
 from collections.abc import Sequence
 
 from vllm_pamer.core.blocks import Block, Message
-from vllm_pamer.core.policies.pamer.excerpts import choose, pieces, units, words
+from vllm_pamer.core.policies.pamer.excerpts import WORD, choose, pieces, units, words
 from vllm_pamer.core.text import cap_head_and_tail
 
 RECORD_HEADER = "Record of the archived steps (tool calls exactly, user turns verbatim, result excerpts):"
-_WORD = re.compile(r"[A-Za-z0-9_./-]{3,}")
 
 
 def _text(content: object) -> str:
@@ -133,7 +132,7 @@ class _Step:
 
 
 def _words(messages: Sequence[Message]) -> Counter[str]:
-    return Counter(w.lower() for m in messages for w in _WORD.findall(_text(m.get("content"))))
+    return Counter(w.lower() for m in messages for w in WORD.findall(_text(m.get("content"))))
 
 
 def relevance(blocks: Sequence[Block], current: Sequence[Block]) -> list[float]:
