@@ -88,3 +88,14 @@ def test_the_toy_frontier_known_answer():
     assert k1.needs_observed == pytest.approx(1 / 3)  # alpha in B0 at step 1
     assert k1.needs_readable == pytest.approx(2 / 3)  # + beta in B2's own command at step 3
     assert k10.needs_readable == k10.needs_observed == 1.0
+
+
+def test_a_blank_line_inside_a_call_does_not_end_its_echo():
+    from vllm_pamer.core.blocks import Block
+
+    call = {"id": "c", "type": "function", "function": {"name": "bash", "arguments": '{\n\n  "cmd": "SECRET_PATH"}'}}
+    blocks = [
+        Block(({"role": "assistant", "content": None, "tool_calls": [call]}, {"role": "tool", "content": "done"}))
+    ]
+    record = step_record(blocks, [], 10_000)
+    assert "SECRET_PATH" in record and "SECRET_PATH" not in without_echoes(record)

@@ -58,3 +58,29 @@ def test_a_name_weighs_more_than_a_plain_word():
     observations = [["reading config"], ["read_me config"]]  # as long, as many words
     room = len("read_me config") + UNIT_COST
     assert choose(observations, [1.0, 1.0], known=(), room=room) == [(1, 0)]
+
+
+def test_a_json_string_keeps_its_lines_and_deep_nesting_is_read_as_text():
+    assert units(json.dumps({"output": "first line\nsecond line"})) == ["output: first line", "second line"]
+    deep = "[" * 5000 + "]" * 5000  # past what the JSON parser takes: text, not an error
+    assert units(deep) and all(len(line) <= LINE_CHARS for line in units(deep))
+
+
+def test_choose_decides_the_same_in_every_process():
+    """Words are summed in one order, so near ties go the same way whatever
+    the process's hash seed (a record is written once and shown for many steps)."""
+    import subprocess
+    import sys
+
+    code = (
+        "from vllm_pamer.core.policies.pamer.excerpts import choose\n"
+        "obs = [[f'w{i}a w{i}b w{j}c' for j in range(30)] for i in range(8)]\n"
+        "print(choose(obs, [1.0] * 8, known=(), room=900))\n"
+    )
+    outs = {
+        subprocess.run(
+            [sys.executable, "-c", code], env={"PYTHONHASHSEED": seed}, capture_output=True, text=True, check=True
+        ).stdout
+        for seed in ("1", "2", "3")
+    }
+    assert len(outs) == 1

@@ -23,6 +23,7 @@ Any failure sends the original request; nothing is removed before it is stored.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 
@@ -61,10 +62,9 @@ from vllm_pamer.core.view import ContextView, context_view, flatten
 
 CHARS_PER_TOKEN = 3.5
 """Characters a token, where a budget in tokens must become one in characters
-before anything is counted: choosing the memories to show after a restart
-(``_shown_ids``) runs on every request until a compaction, and a template
-count (``core/tokens.py``) of each candidate there would cost more than the
-choice is worth; a compaction itself uses the conversation's own ratio."""
+before anything is counted: choosing the memories to show after a restart runs
+on every request until a compaction, where a template count (``core/tokens.py``)
+of each candidate costs more than the choice is worth; a compaction uses the conversation's own ratio."""
 
 
 ANSWER_SHARE = 0.25
@@ -286,22 +286,19 @@ class BudgetSchedule:
         request: PolicyRequest,
         context: PolicyContext,
         choice: _Choice,
-        plan: _Plan,
         archived: list[Block],
         kept: list[Block],
-        chars_per_token: float,
+        record_chars: int,
     ) -> tuple[str, np.ndarray]:
-        """The new memory's text and embedding, by the schedule's kind. Raises
-        StoreError (the archived blocks could not be read) or StepFailure."""
+        """The new memory's text and embedding, by kind (the record, which reads every archived step,
+        off the event loop). Raises StoreError (the archived blocks could not be read) or StepFailure."""
         cfg, services, budget = self.config, context.services, choice.budget
         if self.kind == "none":
             return f"{len(archived)} steps archived by truncation (never shown)", NO_EMBEDDING
         if self.kind == "masked":
             return masked_text(archived), NO_EMBEDDING
         earlier = await archived_blocks(context.store, request.session_id, choice.searchable)
-        record = step_record(
-            earlier + archived, kept, int(plan.record_tokens * chars_per_token), known=choice.view.prefix
-        )
+        record = await asyncio.to_thread(step_record, earlier + archived, kept, record_chars, known=choice.view.prefix)
         if self.kind == "record":  # the newest record alone is shown: no embedding, no engine request
             return record, NO_EMBEDDING
         if budget.under_kv_pressure and not cfg.kv_pressure_summary:
@@ -343,7 +340,8 @@ class BudgetSchedule:
         chars = sum(len(str(m.get("content") or "")) for m in flatten(archived))
         chars_per_token = max(2.0, chars / max(1, sum(block_tokens[:count])))  # this conversation's own
         try:
-            text, embedding = await self._memory(request, context, choice, plan, archived, kept, chars_per_token)
+            record_chars = int(plan.record_tokens * chars_per_token)
+            text, embedding = await self._memory(request, context, choice, archived, kept, record_chars)
         except StoreError as exc:
             await store.log_event(session, Fallback.STORAGE_FAILURE.value, {"error": str(exc)})
             return PolicyDecision.fallback(original, Fallback.STORAGE_FAILURE, str(exc), schedule=report)

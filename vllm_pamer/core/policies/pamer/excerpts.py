@@ -1,21 +1,26 @@
-"""Which lines of the archived observations a record keeps: the ones that
-carry the most words the request would otherwise not hold, per character.
+"""Which lines of archived steps a record keeps: the ones that carry the
+most words the request would otherwise not hold, per character.
 
-An observation (a tool result, a user turn) is cut into *units*: its lines,
-a long line in pieces, and a JSON result as one line per object with its
-fields as ``key: value`` (its braces and quotes carry nothing). Each word of
-a unit has a weight: its rarity among the archived observations (a word in
-every result names nothing), more when the steps it comes from are like the
-current work (``relevance``), and nothing when the request holds it anyway
-(the prefix, the blocks kept raw) or an earlier choice already carries it.
-Units are taken greedily by weight gained per character until the room is
-spent (the gain of a unit only falls as others are taken, so a lazy greedy
-pass is exact). The same file shown twice, a directory listing repeated, a
-long log of one repeated line all add little and lose to the line that holds
-a name seen nowhere else.
+``record.py`` cuts each part of an archived step into *units*: the lines of
+a tool result (a long line in pieces, a JSON result one line per object with
+its fields as ``key: value``: its braces and quotes carry nothing), the
+sentences of the agent's words, and each tool call whole. Each word of a
+unit has a weight: its rarity among the archived parts (a word in every
+result names nothing), twice as much for a word shaped like a name
+(``snake_case``, ``CamelCase``, a path, a dotted name, letters and digits
+mixed: exact names are what a summary loses first), scaled by its step's
+recency and likeness to the current work (``record.py``), and nothing when
+the request holds it anyway (the prefix, the blocks kept raw, the user's
+turns) or an earlier choice already carries it. Units are taken greedily by
+weight gained per character until the room is spent (the gain of a unit
+only falls as others are taken, so a lazy greedy pass is exact). The same
+file shown twice, a directory listing repeated, a long log of one repeated
+line all add little and lose to the line that holds a name seen nowhere
+else.
 
 It reads only the session's own history at the compaction: never the steps
-that follow, never what an evaluation counts.
+that follow, and nothing of the evaluation (``replay/evidence.py``,
+``salient.py``): no list of values is extracted, whole lines are kept.
 """
 
 from __future__ import annotations
@@ -90,9 +95,9 @@ def units(text: str) -> list[str]:
     """An observation cut into the units a record may keep, in order."""
     stripped = text.strip()
     if stripped[:1] in "{[":
-        try:
-            lines = _flat(json.loads(stripped))
-        except ValueError:
+        try:  # a string value keeps its own lines (a tool's output wrapped in JSON)
+            lines = [line for flat in _flat(json.loads(stripped)) for line in flat.split("\n")]
+        except (ValueError, RecursionError):  # not JSON, or nested past what the parser takes
             lines = text.split("\n")
     else:
         lines = text.split("\n")
@@ -107,17 +112,21 @@ def choose(
 ) -> list[tuple[int, int]]:
     """The units to keep within ``room`` characters, as (observation, unit)
     in the order they were chosen (best first). ``observations`` are each
-    observation's ``units``; ``weights`` (one per observation) scale its words; ``known`` are words the request
-    holds anyway."""
-    unit_words = [[words(u) for u in units_] for units_ in observations]
-    shapes = {w: _shape_weight(w) for units_ in observations for u in units_ for w in WORD.findall(u)}
-    shape = {w.lower(): v for w, v in shapes.items()}
-    df: Counter[str] = Counter(w for units_ in unit_words for w in set().union(*units_))
-    n = len(observations)
+    part's ``units``; ``weights`` (one per part) scale its words; ``known``
+    are words the request holds anyway. Ties go the same way in every
+    process (words are summed in sorted order)."""
+    unit_words = [[sorted(words(u)) for u in units_] for units_ in observations]
+    df: Counter[str] = Counter(w for units_ in unit_words for w in set().union(*map(set, units_)))
+    shape: dict[str, float] = {}
+    for units_ in observations:
+        for unit in units_:
+            for word in WORD.findall(unit):  # a word's most name-like spelling decides
+                shape[word.lower()] = max(shape.get(word.lower(), 1.0), _shape_weight(word))
+    value = {w: math.log((1 + len(observations)) / n) * shape[w] for w, n in df.items()}
     covered = {w.lower() for w in known}
 
     def gain(o: int, u: int) -> float:
-        return sum(math.log((1 + n) / df[w]) * shape[w] for w in unit_words[o][u] - covered) * weights[o]
+        return sum(value[w] for w in unit_words[o][u] if w not in covered) * weights[o]
 
     def cost(o: int, u: int) -> int:
         return len(observations[o][u]) + UNIT_COST
@@ -125,7 +134,7 @@ def choose(
     heap = [(-gain(o, u) / cost(o, u), o, u) for o, units_ in enumerate(observations) for u in range(len(units_))]
     heapq.heapify(heap)
     chosen: list[tuple[int, int]] = []
-    while heap and room > 0:
+    while heap and room > UNIT_COST:
         _, o, u = heapq.heappop(heap)
         score = -gain(o, u) / cost(o, u)
         if score >= 0:
@@ -136,5 +145,5 @@ def choose(
         if cost(o, u) <= room:
             chosen.append((o, u))
             room -= cost(o, u)
-            covered |= unit_words[o][u]
+            covered.update(unit_words[o][u])
     return chosen

@@ -3,7 +3,7 @@ summary, so exact values survive a compaction whatever the summarizer writes.
 
 It is readable text in the steps' order, never a list of extracted values:
 per archived step, lines of the agent's own words, its tool calls with their
-exact arguments (a very long one, a file written inline, keeps its
+exact arguments (one over ``CALL_CHARS``, a file written inline, keeps its
 beginning and end), what the user said (instructions, corrections: always
 kept, verbatim) and lines of the tool results. Which lines, within the
 character budget, is ``excerpts.choose``'s: the ones that add the most
@@ -124,11 +124,12 @@ class _Step:
         """Characters of each user turn shown (0: whole), when the newest step alone is too long."""
 
     def render(self) -> str:
-        """``step N:`` and an item a line (continuation lines indented under it)."""
+        """``step N:`` and an item a line (continuation lines indented under it); empty: nothing shown."""
         shown = [p.render() for p in self.parts if p.kind != "result"]
         shown += [cap_head_and_tail(u, self.user_chars, GAP) if self.user_chars else u for u in self.user]
         shown += [p.render() for p in self.parts if p.kind == "result"]
-        return "\n".join([f"step {self.number}:", *("  " + text.replace("\n", "\n    ") for text in shown if text)])
+        items = ["  " + text.replace("\n", "\n    ") for text in shown if text]
+        return "\n".join([f"step {self.number}:", *items]) if items else ""
 
 
 def _words(messages: Sequence[Message]) -> Counter[str]:
@@ -158,8 +159,8 @@ def relevance(blocks: Sequence[Block], current: Sequence[Block]) -> list[float]:
 
 
 RECENCY_STEPS = 4.0
-"""A step this many steps before the newest archived one weighs half as much
-again as the newest: what was read last is read again soonest."""
+"""A step this many steps before the newest archived one weighs half what the
+newest does: what was read last is read again soonest."""
 RELEVANCE = 1.0
 """How much a step's likeness to the current work adds to its weight."""
 
@@ -183,13 +184,13 @@ def step_record(
     steps = [_Step(first_step + i, b) for i, b in enumerate(blocks)]
     scores = relevance(blocks, current)
     omitted = 0
+    shown = {id(s): s.render() for s in steps}  # each step's text, made again only when it changes
 
     def note() -> str:
         return f"(steps {first_step}-{first_step + omitted - 1} omitted for space)" if omitted else ""
 
     def size() -> int:
-        shown = [s.render() for s in steps]
-        return len(RECORD_HEADER) + len(note()) + 1 + sum(len(r) + 1 for r in shown if "\n" in r)
+        return len(RECORD_HEADER) + len(note()) + 1 + sum(len(shown[id(s)]) + 1 for s in steps if shown[id(s)])
 
     # 1. the user's turns, always; the oldest steps leave when even they do not fit
     while len(steps) > 1 and size() > budget_chars:
@@ -198,8 +199,10 @@ def step_record(
     if steps and size() > budget_chars:  # the newest step alone is too long: shorten its turns
         newest = steps[0]
         newest.user_chars = max(LINE_CHARS_MIN, max(map(len, newest.user), default=0) - (size() - budget_chars))
+        shown[id(newest)] = newest.render()
         while newest.user_chars > LINE_CHARS_MIN and size() > budget_chars:
             newest.user_chars = max(LINE_CHARS_MIN, newest.user_chars * 3 // 4)
+            shown[id(newest)] = newest.render()
     # 2. the lines that add most to what the request holds, in the room left
     parts = [(step, part) for step in steps for part in step.parts]
     held = [m for b in current for m in b.messages] + list(known)
@@ -212,11 +215,14 @@ def step_record(
     )
     for o, u in picks:
         parts[o][1].kept.add(u)
+    shown.update((id(step), step.render()) for step in {id(s): s for s, _ in parts}.values())
     while picks and size() > budget_chars:  # step labels and gap marks the choice did not count
         o, u = picks.pop()
-        parts[o][1].kept.discard(u)
-    shown = [r for r in (s.render() for s in steps) if "\n" in r]  # a step with nothing shown is left out
-    return "\n".join([RECORD_HEADER] + ([note()] if omitted else []) + shown)
+        step, part = parts[o]
+        part.kept.discard(u)
+        shown[id(step)] = step.render()
+    texts = [shown[id(s)] for s in steps if shown[id(s)]]  # a step with nothing shown is left out
+    return "\n".join([RECORD_HEADER] + ([note()] if omitted else []) + texts)
 
 
 def without_echoes(text: str) -> str:
@@ -228,7 +234,9 @@ def without_echoes(text: str) -> str:
     kept: list[str] = []
     echo = False
     for line in text.split("\n"):
-        if line.startswith("  ") and line[2:].startswith(ITEM_MARKS):
+        if line.startswith("    "):
+            pass  # an item's continuation (a blank line of a call, too) stays with its item
+        elif line.startswith("  ") and line[2:].startswith(ITEM_MARKS):
             echo = line[2:].startswith(ECHO_MARKS)
         elif not line.strip() or line.startswith(("step ", "[memory ", RECORD_HEADER)):
             echo = False
