@@ -9,11 +9,15 @@ from __future__ import annotations
 import ast
 import pkgutil
 import re
+import sys
 from pathlib import Path
 
-import tomllib
-
 import vllm_pamer
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # the test extra installs tomli there
+    import tomli as tomllib
 from vllm_pamer.core.fields import field_docs
 from vllm_pamer.core.policies import available_policies, policy_class
 from vllm_pamer.settings import Settings

@@ -109,6 +109,11 @@ def test_every_setting_has_a_docstring_a_variable_and_a_flag():
     assert set(docs) <= set(flags)
     assert flags["capture"] == ["--pamer-capture", "--pamer-no-capture"]
     assert flags["capture_wait_s"] == ["--pamer-capture-wait-s"]
+    # a switch of two words: hyphens as the README writes it, underscores as earlier versions did
+    assert flags["policy_switch"] == ["--pamer-policy-switch", "--pamer-no-policy-switch", "--pamer-no-policy_switch"]
+    args = parser.parse_args(["--pamer-no-session-routes", "--pamer-policy-switch"])
+    assert (args.session_routes, args.policy_switch) == (False, True)
+    assert parser.parse_args(["--pamer-no-session_routes"]).session_routes is False
 
 
 def test_flags_override_the_environment():

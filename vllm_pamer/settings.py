@@ -175,9 +175,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             help_text = docs.get(field, "").replace("%", "%%")
             if field in switches:
                 parser.add_argument(flag, dest=field, action="store_const", const=True, default=None, help=help_text)
-                parser.add_argument(
-                    "--pamer-no-" + field, dest=field, action="store_const", const=False, help=argparse.SUPPRESS
-                )
+                # the documented spelling; the one of earlier versions (underscores) still parses
+                negations = dict.fromkeys(["--pamer-no-" + field.replace("_", "-"), "--pamer-no-" + field])
+                parser.add_argument(*negations, dest=field, action="store_const", const=False, help=argparse.SUPPRESS)
             else:
                 parser.add_argument(flag, dest=field, default=None, help=help_text)
 
