@@ -55,6 +55,7 @@ import msgspec
 
 from vllm_pamer.replay import prometheus
 from vllm_pamer.replay.evidence import FrontierPoint, Reading, recency_at, recency_frontier
+from vllm_pamer.replay.latency import LATENCY_NOTES, latency_table
 from vllm_pamer.replay.plots import plot_all
 from vllm_pamer.replay.readings import add_common, add_likelihood
 from vllm_pamer.replay.records import PolicyRow, RunSummary, StepRecord, key_of, write_records, write_runs
@@ -366,6 +367,8 @@ def write_report(
     parts = [f"# {title}\n", preface, markdown_table(rows) + "\n", NOTES, EVIDENCE_NOTES, evidence_table(rows) + "\n"]
     if table := spending_table(rows):
         parts += [SPENDING_NOTES, table + "\n"]
+    if table := latency_table(records):
+        parts += [LATENCY_NOTES, table + "\n"]
     kinds = sorted({run.kind for run in runs if run.kind})
     if len(kinds) > 1:
         for kind in kinds:

@@ -1,0 +1,30 @@
+"""The report's latency table (``replay/latency.py``), on records with known latencies."""
+
+from __future__ import annotations
+
+from tests.support.markdown import table
+from vllm_pamer.replay.latency import latency_table
+from vllm_pamer.replay.records import StepRecord
+
+
+def rec(policy: str, step: int, latency: float, action: str = "none", status: str = "ok") -> StepRecord:
+    return StepRecord(
+        policy=policy,
+        trajectory_id="t",
+        session_id=f"{policy}-t",
+        step=step,
+        message_index=2 * step + 2,
+        status=status,
+        latency_s=latency,
+        pamer={"action": action},
+    )
+
+
+def test_compacting_requests_are_read_apart_from_the_others():
+    records = [rec("pamer", i, 1.0) for i in range(19)] + [rec("pamer", 19, 30.0, "compressed")]
+    records += [rec("recent_k", i, 2.0) for i in range(10)] + [rec("recent_k", 10, 99.0, status="error")]
+    cells = table(latency_table(records))
+    assert cells["pamer"]["answered"] == "20" and cells["pamer"]["compacting"] == "1"
+    assert cells["pamer"]["compacting max s"] == "30.0" and cells["pamer"]["others p95 s"] == "1.0"
+    assert cells["recent_k"]["answered"] == "10" and cells["recent_k"]["max s"] == "2.0"  # the error is not answered
+    assert latency_table([]) == ""

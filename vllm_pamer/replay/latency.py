@@ -1,0 +1,49 @@
+"""How long a replayed request took, per policy (issue 33: no compaction the
+agent waits for): end-to-end latency percentiles of the answered requests,
+and apart the requests that compacted, which wait for their memory today."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from vllm_pamer.replay.records import StepRecord
+
+LATENCY_NOTES = """\
+Latency: seconds from sending a request to its whole answer, on the answered
+requests (on a loaded CPU they wait for each other too: compare policies
+within one run). Compacting: the requests whose rewrite compacted, which wait
+for their memory before the engine sees them; the others: every other
+answered request.
+"""
+
+
+def _percentiles(values: Sequence[float]) -> str:
+    if not values:
+        return "- | - | -"
+    p50, p95 = np.percentile(values, [50, 95])
+    return f"{p50:.1f} | {p95:.1f} | {max(values):.1f}"
+
+
+def latency_table(records: Sequence[StepRecord]) -> str:
+    """One row per policy: p50 / p95 / max latency of its answered requests,
+    of those that compacted and of the others; empty without records."""
+    policies = list(dict.fromkeys(r.policy for r in records))
+    if not policies:
+        return ""
+    lines = [
+        "| policy | answered | p50 s | p95 s | max s | compacting | compacting p50 s | compacting p95 s "
+        "| compacting max s | others p95 s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for policy in policies:
+        ok = [r for r in records if r.policy == policy and r.status == "ok"]
+        compacting = [r.latency_s for r in ok if (r.pamer or {}).get("action") == "compressed"]
+        others = [r.latency_s for r in ok if (r.pamer or {}).get("action") != "compressed"]
+        other_p95 = f"{np.percentile(others, 95):.1f}" if others else "-"
+        lines.append(
+            f"| {policy} | {len(ok)} | {_percentiles([r.latency_s for r in ok])} | {len(compacting)} | "
+            f"{_percentiles(compacting)} | {other_p95} |"
+        )
+    return "\n".join(lines)
