@@ -9,10 +9,12 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 
 from vllm_pamer.server.access import UNAUTHORIZED, Unauthorized
 from vllm_pamer.server.routes import router
 from vllm_pamer.server.state import ServerState
+from vllm_pamer.server.unmanaged import UnmanagedSessionNotice
 from vllm_pamer.settings import Settings
 
 logger = logging.getLogger("vllm_pamer.server")
@@ -29,6 +31,8 @@ class PamerEndpointPlugin:
     def attach_router(self, app: FastAPI) -> None:
         app.include_router(router)
         app.add_exception_handler(Unauthorized, _unauthorized)
+        managed = [route.path for route in router.routes if isinstance(route, APIRoute) and "{" not in route.path]
+        app.add_middleware(UnmanagedSessionNotice, managed=managed)
 
     async def init_state(self, engine_client: Any, state: Any, args: Namespace) -> None:
         if engine_client is None:

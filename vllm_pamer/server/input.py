@@ -191,15 +191,19 @@ def context_budget_of(header: str | None, field: Any) -> int | None:
 
 
 def outgoing(
-    chat: ChatInput, outcome: RewriteOutcome, state: ServerState, report: PamerReport
+    chat: ChatInput, outcome: RewriteOutcome, state: ServerState, report: PamerReport, own_tools: bool = True
 ) -> tuple[ChatCompletionRequest, str]:
     """The request vLLM serves: the rewritten messages rendered for the
-    template, the policy's own tools where they can be answered, and a capture
-    key in ``vllm_xargs``. Returns it and the capture key."""
+    template, the policy's own tools where they can be answered (``own_tools``:
+    the API's answers are chat answers), and a capture key in ``vllm_xargs``.
+    Returns it and the capture key."""
     body = chat.body
     client_tools = body.get("tools") or []
     auto_tools = bool(getattr(state.args, "enable_auto_tool_choice", False))
-    chat.own_tools = offered_tools(outcome.extra_tools, body, client_tools, report, auto_tools)
+    if own_tools:
+        chat.own_tools = offered_tools(outcome.extra_tools, body, client_tools, report, auto_tools)
+    elif outcome.extra_tools:
+        report.note("the policy's own tools are offered on chat completions only")
     if chat.own_tools:
         body["tools"] = list(client_tools) + chat.own_tools
     capture_key = state.inbox.new_key()

@@ -34,3 +34,10 @@ INTERNAL_COMPLETION_TOKENS = Counter(
 def action_label(action: str) -> str:
     """Keep label cardinality small: the action name without free text."""
     return action.split(" ", 1)[0]
+
+
+UNMANAGED_REQUESTS = Counter(
+    "vllm_pamer_unmanaged_requests",
+    "Requests that named a session on a route the plugin does not manage (served without memory)",
+    ["route"],
+)

@@ -1,16 +1,18 @@
-"""Output processing of the plugin's chat route: the ``pamer`` report on every
-response (a last streamed chunk carries it), and OpenAI-style errors."""
+"""Output processing of the plugin's routes: the ``pamer`` report on every
+response (in the body, on a streamed chunk or event, and as ``X-Pamer-*``
+headers), and OpenAI-style errors."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import msgspec
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from vllm_pamer.channel import CaptureRecord
 from vllm_pamer.server import metrics
@@ -55,6 +57,8 @@ class PamerReport(msgspec.Struct):
     api_process: int = msgspec.field(default_factory=os.getpid)
     """The id of the API-server process that served the request (vLLM runs
     several under ``--api-server-count``)."""
+    api: str = "chat"
+    """The API the request came through (``server/apis.py``)."""
     messages_sent: list[dict[str, Any]] | None = None
     """The rewritten messages, only when asked for (``X-Pamer-Echo: 1`` or
     ``"pamer_echo": true``): what the policy sent, before tools-as-text rendering."""
@@ -99,30 +103,76 @@ async def finish_report(
     return reported
 
 
-async def with_report(result: Any, report: Callable[[], Awaitable[dict[str, Any]]]) -> JSONResponse | StreamingResponse:
-    """vLLM's answer with the report: in the body, or as a last streamed chunk
-    (empty ``choices``) before ``[DONE]``. ``report()`` makes it, once."""
+ReportMaker = Callable[[], Awaitable[dict[str, Any]]]
+"""Makes a request's report once its capture arrived (``finish_report``)."""
+
+
+def report_headers(report: PamerReport) -> dict[str, str]:
+    """What the plugin did, as response headers, set before the first byte of
+    any managed API's answer, streamed or not (a client that reads no body
+    field sees them too)."""
+    schedule = report.schedule or {}
+    fields = {
+        "X-Pamer-Session": report.session_id,
+        "X-Pamer-Policy": report.policy,
+        "X-Pamer-Action": report.action.split(" ", 1)[0],
+        "X-Pamer-Prompt-Tokens-In": report.prompt_tokens_in,
+        "X-Pamer-Prompt-Tokens-Out": report.prompt_tokens_out,
+        "X-Pamer-Trigger": schedule.get("trigger"),
+    }
+    return {name: str(value) for name, value in fields.items() if value is not None}
+
+
+async def with_report(result: Any, report: ReportMaker, headers: dict[str, str] | None = None) -> Response:
+    """vLLM's chat answer with the report: in the body, or as a last streamed
+    chunk (empty ``choices``, with the stream's ``id``, ``created`` and
+    ``model``) before ``[DONE]``. ``report()`` makes it, once."""
     if not hasattr(result, "__aiter__"):
         content = result.model_dump()
         content["pamer"] = await report()
-        return JSONResponse(content=content)
+        return JSONResponse(content=content, headers=headers)
 
     async def stream() -> AsyncIterator[str]:
-        last_id = None
+        first: dict[str, Any] = {}
         async for chunk in result:
             if chunk.startswith("data: [DONE]"):
                 final: dict[str, Any] = {
-                    "id": last_id,
+                    "id": first.get("id"),
                     "object": "chat.completion.chunk",
+                    "created": first.get("created", int(time.time())),
+                    "model": first.get("model", ""),
                     "choices": [],
                     "pamer": await report(),
                 }
                 yield f"data: {json.dumps(final)}\n\n"
-            elif last_id is None and chunk.startswith("data: {"):
+            elif not first and chunk.startswith("data: {"):
                 try:
-                    last_id = json.loads(chunk[6:]).get("id")
+                    first = json.loads(chunk[6:])
                 except json.JSONDecodeError:
                     pass
             yield chunk
 
-    return StreamingResponse(stream(), media_type="text/event-stream")
+    return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)
+
+
+MESSAGE_DELTA = "event: message_delta\n"
+
+
+async def with_messages_report(result: AsyncIterator[str], report: ReportMaker, headers: dict[str, str]) -> Response:
+    """A stream of Anthropic events with the report on its ``message_delta``
+    event (the one that carries the usage, before ``message_stop``)."""
+
+    async def stream() -> AsyncIterator[str]:
+        async for chunk in result:
+            if chunk.startswith(MESSAGE_DELTA) and "\ndata: " in chunk:
+                head, data = chunk.split("\ndata: ", 1)
+                try:
+                    event = json.loads(data)
+                except json.JSONDecodeError:
+                    yield chunk
+                    continue
+                event["pamer"] = await report()
+                chunk = f"{head}\ndata: {json.dumps(event)}\n\n"
+            yield chunk
+
+    return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)

@@ -1,13 +1,15 @@
 """The routes the plugin adds to vLLM's API server.
 
-``POST /v1/chat/completions`` (replacing vLLM's own), per request:
+``POST /v1/chat/completions`` and ``POST /v1/messages`` (replacing vLLM's
+own; each API's differences are ``apis.py``'s), per request:
 1. input (``input.py``): parse and check the body as vLLM would (HTTP 400
-   before any memory operation), find the session and the policy, count the
-   prompt;
+   before any memory operation), as a chat request; find the session and the
+   policy, count the prompt;
 2. rewrite (``core/pipeline.py``: any failure sends the original messages);
-3. hand vLLM's own chat handler the rewritten request, tagged with a capture
-   key; answer the policy's own tool calls (``tool_rounds.py``);
-4. output (``output.py``): the ``pamer`` report on the response.
+3. hand vLLM's own handler of that API the rewritten request, tagged with a
+   capture key; answer the policy's own tool calls (``tool_rounds.py``);
+4. output (``output.py``): vLLM's answer in the API's shape, the ``pamer``
+   report on it and ``X-Pamer-*`` headers.
 
 ``GET /pamer/sessions/{id}``: a session's state, memories and event log
 (read-only; the caller's own sessions; off with ``session_routes``; 503 when
@@ -26,13 +28,14 @@ import msgspec
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
-from vllm_pamer.adapters.serving import is_error, with_cancellation
+from vllm_pamer.adapters.serving import REQUEST_ERRORS, is_error, with_cancellation
 from vllm_pamer.core.pipeline import rewrite_request
 from vllm_pamer.core.store import StoreError
 from vllm_pamer.server import metrics
 from vllm_pamer.server.access import BadSessionId, check_session_id
+from vllm_pamer.server.apis import CHAT, MESSAGES, ManagedApi, UnreadableBody
 from vllm_pamer.server.input import InputError, outgoing, read_body, read_chat, tools_out
-from vllm_pamer.server.output import PamerReport, error_response, finish_report, with_report
+from vllm_pamer.server.output import PamerReport, error_response, finish_report, report_headers
 from vllm_pamer.server.state import ServerState
 from vllm_pamer.server.tool_rounds import resolve_own_tool_calls
 
@@ -50,20 +53,34 @@ router = APIRouter(dependencies=[Depends(authorized)])
 
 @router.post("/v1/chat/completions")
 async def chat_completions(raw_request: Request) -> Response:
+    return await _managed(CHAT, raw_request)
+
+
+@router.post("/v1/messages")
+async def messages(raw_request: Request) -> Response:
+    return await _managed(MESSAGES, raw_request)
+
+
+async def _managed(api: ManagedApi, raw_request: Request) -> Response:
     try:
         body = await read_body(raw_request, raw_request.app.state.pamer.settings.max_request_bytes)
     except InputError as exc:
-        return error_response(exc.status, exc.message)
-    return await _serve_chat(body, raw_request=raw_request)
+        return api.error(exc.status, exc.message)
+    return await _serve(api, body, raw_request=raw_request)
 
 
 @with_cancellation
-async def _serve_chat(body: dict[str, Any], raw_request: Request) -> Response:
+async def _serve(api: ManagedApi, body: dict[str, Any], raw_request: Request) -> Response:
     state: ServerState = raw_request.app.state.pamer
+    handler = getattr(raw_request.app.state, api.handler, None)
+    if handler is None:
+        return api.error(501, f"the served model does not support the {api.name} API", "NotImplementedError")
     try:
-        chat = await read_chat(body, raw_request, state)
+        chat = await read_chat(await api.chat_body(body, handler), raw_request, state)
+    except UnreadableBody as exc:
+        return api.error(400, str(exc))
     except InputError as exc:
-        return error_response(exc.status, exc.message)
+        return api.error(exc.status, exc.message)
     session = state.sessions.touch(chat.session_id, chat.stored_session) if chat.session_id else None
     if session is not None:
         session.policy = chat.policy.name
@@ -89,6 +106,7 @@ async def _serve_chat(body: dict[str, Any], raw_request: Request) -> Response:
         messages_sent=outcome.messages if chat.echo else None,
         prompt_tokens_in=chat.prompt_tokens_in,
         schedule=msgspec.to_builtins(outcome.schedule) if outcome.schedule is not None else None,
+        api=api.name,
     )
     metrics.REQUESTS.labels(chat.policy.name, metrics.action_label(outcome.action)).inc()
     metrics.TOKENS_INSERTED.inc(outcome.tokens_inserted)
@@ -98,9 +116,9 @@ async def _serve_chat(body: dict[str, Any], raw_request: Request) -> Response:
     if session is not None and outcome.schedule is not None:
         session.last_schedule = msgspec.to_builtins(outcome.schedule)
     try:
-        request, capture_key = outgoing(chat, outcome, state, report)
+        request, capture_key = outgoing(chat, outcome, state, report, api.own_tools)
     except InputError as exc:
-        return error_response(exc.status, exc.message)
+        return api.error(exc.status, exc.message)
     rewritten = outcome.action in REWRITING_ACTIONS
     if rewritten or chat.own_tools:
         report.prompt_tokens_out = await asyncio.to_thread(
@@ -111,14 +129,15 @@ async def _serve_chat(body: dict[str, Any], raw_request: Request) -> Response:
     if rewritten and report.prompt_tokens_in and report.prompt_tokens_out:
         metrics.PROMPT_TOKENS_REMOVED.inc(max(0, report.prompt_tokens_in - report.prompt_tokens_out))
 
-    handler = raw_request.app.state.openai_serving_chat
-    if handler is None:
-        return error_response(501, "the served model does not support chat completions", "NotImplementedError")
     # The capture arrives when the prompt prefill completes, long before the
     # response ends: file the vote on the session right then.
     capture_task = asyncio.create_task(state.on_capture(capture_key, session, chat.policy))
     try:
-        result = await handler.create_chat_completion(request, raw_request)
+        result = await api.send(handler, body, request, raw_request)
+    except REQUEST_ERRORS as exc:  # the rewritten view in the API's own shape failed vLLM's check
+        capture_task.cancel()
+        state.inbox.forget(capture_key)
+        return api.error(400, f"invalid {api.name} request after the rewrite: {exc}")
     except BaseException:
         capture_task.cancel()
         raise
@@ -132,9 +151,11 @@ async def _serve_chat(body: dict[str, Any], raw_request: Request) -> Response:
     if is_error(result):
         capture_task.cancel()
         state.inbox.forget(capture_key)
-        return JSONResponse(content=result.model_dump(), status_code=result.error.code)
-    return await with_report(
-        result, lambda: finish_report(report, capture_task, state.settings.capture_wait_s, session, chat.echo)
+        return api.error_from(result)
+    return await api.respond(
+        result,
+        lambda: finish_report(report, capture_task, state.settings.capture_wait_s, session, chat.echo),
+        report_headers(report),
     )
 
 

@@ -9,6 +9,12 @@ from typing import Any
 
 from pydantic import ValidationError
 from vllm import SamplingParams, envs
+from vllm.entrypoints.anthropic.protocol import (
+    AnthropicError,
+    AnthropicErrorResponse,
+    AnthropicMessagesRequest,
+    AnthropicMessagesResponse,
+)
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest, ChatCompletionToolsParam
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 from vllm.entrypoints.serve.middleware.authenticate import AuthenticationMiddleware
@@ -106,10 +112,39 @@ def is_error(result: Any) -> bool:
     return isinstance(result, ErrorResponse)
 
 
+def anthropic_chat_request(body: dict[str, Any], handler: Any) -> ChatCompletionRequest:
+    """An Anthropic Messages body as the chat request vLLM's ``/v1/messages``
+    makes of it (``AnthropicServingMessages.create_messages``: system first,
+    ``tool_use`` as tool calls, ``tool_result`` as tool messages): the view
+    the plugin's pipeline reads. Raises one of ``REQUEST_ERRORS`` for a body
+    vLLM would refuse."""
+    request = AnthropicMessagesRequest.model_validate(body)
+    return handler.to_chat_completion_request(request, merge_inline_system=handler._merge_inline_system)
+
+
+def anthropic_request(body: dict[str, Any]) -> AnthropicMessagesRequest:
+    """A Messages body as vLLM's ``/v1/messages`` validates it (raises one of ``REQUEST_ERRORS``)."""
+    return AnthropicMessagesRequest.model_validate(body)
+
+
+def anthropic_error(message: str, err_type: str) -> dict[str, Any]:
+    """An error body as vLLM's ``/v1/messages`` writes one."""
+    return AnthropicErrorResponse(error=AnthropicError(type=err_type, message=message)).model_dump()
+
+
+def anthropic_content(answer: AnthropicMessagesResponse) -> dict[str, Any]:
+    """A whole Messages answer as vLLM's route sends it."""
+    return answer.model_dump(exclude_none=True)
+
+
 __all__ = [
     "REQUEST_ERRORS",
     "ChatCompletionRequest",
     "ErrorResponse",
+    "anthropic_chat_request",
+    "anthropic_content",
+    "anthropic_error",
+    "anthropic_request",
     "api_keys",
     "internal_sampling_params",
     "is_error",

@@ -90,6 +90,27 @@ TOUCH_POINTS: tuple[TouchPoint, ...] = (
     TouchPoint("entrypoints/openai/chat_completion/protocol.py", "ChatCompletionRequest", ("messages", "tools")),
     TouchPoint("entrypoints/openai/chat_completion/protocol.py", "ChatCompletionToolsParam"),
     TouchPoint("entrypoints/serve/engine/protocol.py", "ErrorResponse"),
+    # -- serving.py: the Anthropic Messages API (server/apis.py)
+    TouchPoint(
+        "entrypoints/anthropic/serving.py",
+        "AnthropicServingMessages",
+        ("to_chat_completion_request", "create_messages", "_merge_inline_system"),
+    ),
+    TouchPoint(
+        "entrypoints/anthropic/serving.py",
+        "AnthropicServingMessages.create_messages",
+        ("request", "raw_request", "to_chat_completion_request", "create_chat_completion"),
+    ),
+    TouchPoint(
+        "entrypoints/anthropic/serving.py",
+        "AnthropicServingMessages.to_chat_completion_request",
+        ("anthropic_request", "merge_inline_system"),
+    ),
+    TouchPoint("entrypoints/anthropic/protocol.py", "AnthropicMessagesRequest", ("messages", "max_tokens", "thinking")),
+    TouchPoint("entrypoints/anthropic/protocol.py", "AnthropicMessagesResponse"),
+    TouchPoint("entrypoints/anthropic/protocol.py", "AnthropicErrorResponse", ("error",)),
+    TouchPoint("entrypoints/anthropic/protocol.py", "AnthropicError", ("type", "message")),
+    TouchPoint("entrypoints/anthropic/api_router.py", "messages", ("anthropic_serving_messages",)),
     TouchPoint("entrypoints/serve/middleware/authenticate.py", "AuthenticationMiddleware.verify_token"),
     TouchPoint("entrypoints/serve/utils/api_utils.py", "with_cancellation", ("raw_request",)),
     TouchPoint("exceptions.py", "VLLMClientError"),
