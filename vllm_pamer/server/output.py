@@ -16,7 +16,6 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from vllm_pamer.channel import CaptureRecord
 from vllm_pamer.server import metrics
-from vllm_pamer.server.sessions import SessionState
 
 ERROR_TYPES = {
     403: "PermissionDeniedError",
@@ -83,7 +82,6 @@ async def finish_report(
     report: PamerReport,
     capture_task: asyncio.Task[CaptureRecord | None],
     wait_s: float,
-    session: SessionState | None,
     echo: bool,
 ) -> dict[str, Any]:
     """The report once the request's capture arrived (or ``wait_s`` passed)."""
@@ -94,9 +92,6 @@ async def finish_report(
         record = None
     report.add_capture(record)
     (metrics.CAPTURES if record is not None else metrics.MISSED_CAPTURES).inc()
-    if session is not None:
-        session.requests += 1
-        session.last_action = report.action
     reported = msgspec.to_builtins(report)
     if not echo:
         reported.pop("messages_sent")

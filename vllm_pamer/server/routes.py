@@ -113,8 +113,11 @@ async def _serve(api: ManagedApi, body: dict[str, Any], raw_request: Request) ->
     if outcome.schedule is not None and outcome.schedule.trigger is not None:
         metrics.COMPACTIONS.labels(chat.policy.name, outcome.schedule.trigger).inc()
         metrics.CACHE_BREAK_TOKENS.inc(outcome.schedule.cache_break_tokens)
-    if session is not None and outcome.schedule is not None:
-        session.last_schedule = msgspec.to_builtins(outcome.schedule)
+    if session is not None:  # before the capture stores the session: every API process reads this request
+        session.requests += 1
+        session.last_action = outcome.action
+        if outcome.schedule is not None:
+            session.last_schedule = msgspec.to_builtins(outcome.schedule)
     try:
         request, capture_key = outgoing(chat, outcome, state, report, api.own_tools)
     except InputError as exc:
@@ -154,7 +157,7 @@ async def _serve(api: ManagedApi, body: dict[str, Any], raw_request: Request) ->
         return api.error_from(result)
     return await api.respond(
         result,
-        lambda: finish_report(report, capture_task, state.settings.capture_wait_s, session, chat.echo),
+        lambda: finish_report(report, capture_task, state.settings.capture_wait_s, chat.echo),
         report_headers(report),
     )
 
