@@ -1,8 +1,9 @@
 """End to end: the memory on the APIs agents speak besides chat completions,
 through the clients agents use, against a real ``vllm-pamer serve`` of the
-default model: the Anthropic Messages API through the ``anthropic`` SDK
-(whole answers and streams), on a shipped trajectory with a small context
-budget."""
+default model: the Anthropic Messages API through the ``anthropic`` SDK and
+the Responses API through the ``openai`` SDK (whole answers, streams, and
+conversations the server holds for ``previous_response_id``), on a shipped
+trajectory with a small context budget."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from tests.support.anthropic_messages import to_anthropic
 from tests.support.serve import TRAJECTORY
 from vllm_pamer.core.blocks import protocol_issues
 from vllm_pamer.default_model import DEFAULT_MODEL_NAME
+from vllm_pamer.server.responses import response_items
 from vllm_pamer.trajectories import agent_requests, load_trajectories
 
 pytestmark = pytest.mark.e2e
@@ -49,22 +51,25 @@ def messages_run(compress_server, trajectory):
     return out
 
 
-def test_the_messages_api_gets_the_memory(messages_run):
-    """Compaction and recall happen on Anthropic requests as on chat ones,
+def _memory_worked(run, api, session):
+    """Compaction and recall happen on the API's requests as on chat ones,
     the tool protocol of what the model reads stays whole, and the report is
-    on the message and in the headers."""
-    reports = [message.model_extra["pamer"] for _, message in messages_run]
+    on the answer and in the headers."""
+    reports = [answer.model_extra["pamer"] for _, answer in run]
     actions = [r["action"] for r in reports]
     assert "compressed" in actions and "recalled" in actions, actions
-    for headers, message in messages_run:
-        report = message.model_extra["pamer"]
-        assert report["api"] == "messages" and report["session_id"] == "messages-e2e"
+    for (headers, _), report in zip(run, reports, strict=True):
+        assert report["api"] == api and report["session_id"] == session
         assert headers["x-pamer-action"] == report["action"].split(" ", 1)[0]
         assert headers["x-pamer-policy"] == "pamer_budget"
         assert protocol_issues(report["messages_sent"]) == []
-        assert message.type == "message" and message.role == "assistant"
     compacted = next(r for r in reports if r["action"] == "compressed")
     assert compacted["prompt_tokens_out"] < compacted["prompt_tokens_in"]
+
+
+def test_the_messages_api_gets_the_memory(messages_run):
+    _memory_worked(messages_run, "messages", "messages-e2e")
+    assert all(m.type == "message" and m.role == "assistant" for _, m in messages_run)
 
 
 def test_a_streamed_message_carries_the_report(compress_server, trajectory):
@@ -101,3 +106,117 @@ def test_a_malformed_messages_request_is_refused_in_the_apis_own_terms(compress_
     assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
     session = httpx.get(f"{compress_server.base_url}/pamer/sessions/messages-bad-e2e", timeout=30)
     assert session.status_code == 404  # no session was made
+
+
+def openai_client(server):
+    import openai
+
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def responses_run(compress_server, trajectory):
+    """The trajectory's first requests through ``client.responses.create``,
+    each with its whole history (stateless), one session."""
+    client = openai_client(compress_server)
+    out = []
+    for _, history in list(agent_requests(trajectory["messages"]))[:STEPS]:
+        instructions, items = response_items(history)
+        raw = client.responses.with_raw_response.create(
+            model=DEFAULT_MODEL_NAME,
+            instructions=instructions,
+            input=items,
+            max_output_tokens=8,
+            temperature=0,
+            store=False,
+            extra_headers={"X-Session-ID": "responses-e2e", "X-Pamer-Policy": "pamer_budget", "X-Pamer-Echo": "1"},
+        )
+        out.append((raw.headers, raw.parse()))
+    return out
+
+
+def test_the_responses_api_gets_the_memory(responses_run):
+    _memory_worked(responses_run, "responses", "responses-e2e")
+    assert all(r.object == "response" and r.status == "completed" for _, r in responses_run)
+
+
+def test_a_conversation_the_server_holds_continues_in_its_own_session_only(compress_server):
+    """``previous_response_id``: the plugin holds each answered history and
+    continues it (the model reads the earlier turns and answers); another
+    session naming the same response gets vLLM's own answer to the body as
+    sent, no memory: here vLLM's 404 (its store is off), nothing of the first
+    session's history."""
+    import openai
+
+    client = openai_client(compress_server)
+    headers = {"X-Session-ID": "held-e2e", "X-Pamer-Echo": "1", "X-Pamer-Policy": "recent_k"}
+    first = client.responses.create(
+        model=DEFAULT_MODEL_NAME,
+        instructions="You are a travel agent.",
+        input="My reservation is H9ZU1C.",
+        max_output_tokens=8,
+        extra_headers=headers,
+    )
+    second = client.responses.create(
+        model=DEFAULT_MODEL_NAME,
+        previous_response_id=first.id,
+        input="Please cancel it.",
+        max_output_tokens=8,
+        extra_headers=headers,
+    )
+    raw = client.responses.with_raw_response.create(
+        model=DEFAULT_MODEL_NAME,
+        previous_response_id=second.id,
+        input="Thanks.",
+        max_output_tokens=8,
+        extra_headers=headers,
+    )
+    third = raw.parse()
+    sent = third.model_extra["pamer"]["messages_sent"]
+    users = [m["content"] for m in sent if m["role"] == "user"]
+    assert users == ["My reservation is H9ZU1C.", "Please cancel it.", "Thanks."]
+    assert [m["role"] for m in sent].count("assistant") == 2  # the model's two answers, held
+    assert raw.headers["x-pamer-session"] == "held-e2e"
+    with pytest.raises(openai.NotFoundError) as refused:
+        client.responses.with_raw_response.create(
+            model=DEFAULT_MODEL_NAME,
+            previous_response_id=second.id,
+            input="What is my reservation?",
+            max_output_tokens=8,
+            extra_headers={"X-Session-ID": "someone-else-e2e", "X-Pamer-Echo": "1"},
+        )
+    assert refused.value.response.headers["x-pamer-action"] == "fallback:unknown_conversation"
+    assert "H9ZU1C" not in refused.value.response.text
+
+
+def test_a_streamed_response_carries_the_report(compress_server, trajectory):
+    client = openai_client(compress_server)
+    history = next(h for step, (_, h) in enumerate(agent_requests(trajectory["messages"])) if step == 3)
+    instructions, items = response_items(history)
+    with client.responses.stream(
+        model=DEFAULT_MODEL_NAME,
+        instructions=instructions,
+        input=items,
+        max_output_tokens=8,
+        extra_headers={"X-Session-ID": "responses-stream-e2e"},
+    ) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    assert events[-1].type == "response.completed"
+    assert final.model_extra["pamer"]["session_id"] == "responses-stream-e2e"
+    assert final.model_extra["pamer"]["api"] == "responses"
+
+
+def test_a_malformed_responses_request_is_refused_before_any_memory_operation(compress_server):
+    import httpx
+
+    response = httpx.post(
+        f"{compress_server.base_url}/v1/responses",
+        json={"model": DEFAULT_MODEL_NAME, "input": 5},
+        headers={"X-Session-ID": "responses-bad-e2e"},
+        timeout=60,
+    )
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["type"] == "BadRequestError"
+    session = httpx.get(f"{compress_server.base_url}/pamer/sessions/responses-bad-e2e", timeout=30)
+    assert session.status_code == 404

@@ -31,6 +31,9 @@ class Fallback(str, Enum):
     """A memory's embedding could not be made."""
     RECALL_FAILURE = "recall_failure"
     """Recalling the session's memories failed."""
+    UNKNOWN_CONVERSATION = "unknown_conversation"
+    """The request continues a conversation (``previous_response_id``) the
+    plugin does not hold for its session: vLLM answers the body as sent."""
 
     @property
     def action(self) -> str:

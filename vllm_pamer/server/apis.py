@@ -7,6 +7,8 @@ errors stay vLLM's), with the ``pamer`` report where that API's clients
 find it (``respond``) and errors written as that API writes them (``error``).
 
 * ``chat``: ``POST /v1/chat/completions``, as received.
+* ``responses``: ``POST /v1/responses``, ``server/responses.py`` (with the
+  conversations ``previous_response_id`` continues, held by the plugin).
 * ``messages``: ``POST /v1/messages`` (Anthropic). In: converted as vLLM's
   route converts it (``tool_use`` -> tool calls, ``tool_result`` -> tool
   messages). Out: the rewritten view as Anthropic turns again
@@ -42,6 +44,11 @@ class UnreadableBody(Exception):
     """A body the API's own route would refuse (400)."""
 
 
+class PassThrough(Exception):
+    """A request the plugin cannot manage: vLLM answers the body as sent
+    (``ManagedApi.pass_through``); the argument names the ``core/fallback.py`` rule."""
+
+
 class ManagedApi:
     """One API the plugin manages: what differs from chat completions."""
 
@@ -51,9 +58,14 @@ class ManagedApi:
     own_tools: ClassVar[bool] = False
     """A policy's own tools may be offered (their calls are answered on chat answers)."""
 
-    async def chat_body(self, body: dict[str, Any], handler: Any) -> dict[str, Any]:
-        """The client's body as a chat completions body; raises ``UnreadableBody``."""
+    async def chat_body(self, body: dict[str, Any], handler: Any, raw_request: Request) -> dict[str, Any]:
+        """The client's body as a chat completions body; raises
+        ``UnreadableBody``, or ``PassThrough`` for a body to send as it is."""
         return body
+
+    async def pass_through(self, handler: Any, body: dict[str, Any], raw_request: Request) -> Any:
+        """vLLM's answer to the client's body as sent (after ``PassThrough``)."""
+        raise NotImplementedError(f"the {self.name} API passes nothing through")
 
     async def send(
         self, handler: Any, body: dict[str, Any], request: ChatCompletionRequest, raw_request: Request
@@ -69,7 +81,8 @@ class ManagedApi:
         """vLLM's error response in this API's shape."""
         return JSONResponse(content=result.model_dump(), status_code=result.error.code)
 
-    async def respond(self, answer: Any, report: ReportMaker, headers: dict[str, str]) -> Response:
+    async def respond(self, answer: Any, report: ReportMaker | None, headers: dict[str, str]) -> Response:
+        """The answer with the report (None: a passed-through request has none)."""
         return await with_report(answer, report, headers)
 
 
@@ -95,7 +108,7 @@ class MessagesApi(ManagedApi):
     name = "messages"
     handler = "anthropic_serving_messages"
 
-    async def chat_body(self, body: dict[str, Any], handler: Any) -> dict[str, Any]:
+    async def chat_body(self, body: dict[str, Any], handler: Any, raw_request: Request) -> dict[str, Any]:
         try:
             request = anthropic_chat_request(body, handler)
         except REQUEST_ERRORS as exc:
@@ -121,11 +134,12 @@ class MessagesApi(ManagedApi):
             content=anthropic_error(result.error.message, result.error.type), status_code=result.error.code
         )
 
-    async def respond(self, answer: Any, report: ReportMaker, headers: dict[str, str]) -> Response:
+    async def respond(self, answer: Any, report: ReportMaker | None, headers: dict[str, str]) -> Response:
         if hasattr(answer, "__aiter__"):
             return await with_messages_report(answer, report, headers)
         content = anthropic_content(answer)
-        content["pamer"] = await report()
+        if report is not None:
+            content["pamer"] = await report()
         return JSONResponse(content=content, headers=headers)
 
 

@@ -118,19 +118,20 @@ def report_headers(report: PamerReport) -> dict[str, str]:
     return {name: str(value) for name, value in fields.items() if value is not None}
 
 
-async def with_report(result: Any, report: ReportMaker, headers: dict[str, str] | None = None) -> Response:
+async def with_report(result: Any, report: ReportMaker | None, headers: dict[str, str] | None = None) -> Response:
     """vLLM's chat answer with the report: in the body, or as a last streamed
     chunk (empty ``choices``, with the stream's ``id``, ``created`` and
-    ``model``) before ``[DONE]``. ``report()`` makes it, once."""
+    ``model``) before ``[DONE]``. ``report()`` makes it, once (None: no report)."""
     if not hasattr(result, "__aiter__"):
         content = result.model_dump()
-        content["pamer"] = await report()
+        if report is not None:
+            content["pamer"] = await report()
         return JSONResponse(content=content, headers=headers)
 
     async def stream() -> AsyncIterator[str]:
         first: dict[str, Any] = {}
         async for chunk in result:
-            if chunk.startswith("data: [DONE]"):
+            if chunk.startswith("data: [DONE]") and report is not None:
                 final: dict[str, Any] = {
                     "id": first.get("id"),
                     "object": "chat.completion.chunk",
@@ -153,13 +154,15 @@ async def with_report(result: Any, report: ReportMaker, headers: dict[str, str] 
 MESSAGE_DELTA = "event: message_delta\n"
 
 
-async def with_messages_report(result: AsyncIterator[str], report: ReportMaker, headers: dict[str, str]) -> Response:
+async def with_messages_report(
+    result: AsyncIterator[str], report: ReportMaker | None, headers: dict[str, str]
+) -> Response:
     """A stream of Anthropic events with the report on its ``message_delta``
     event (the one that carries the usage, before ``message_stop``)."""
 
     async def stream() -> AsyncIterator[str]:
         async for chunk in result:
-            if chunk.startswith(MESSAGE_DELTA) and "\ndata: " in chunk:
+            if report is not None and chunk.startswith(MESSAGE_DELTA) and "\ndata: " in chunk:
                 head, data = chunk.split("\ndata: ", 1)
                 try:
                     event = json.loads(data)

@@ -1,7 +1,8 @@
 """The routes the plugin adds to vLLM's API server.
 
-``POST /v1/chat/completions`` and ``POST /v1/messages`` (replacing vLLM's
-own; each API's differences are ``apis.py``'s), per request:
+``POST /v1/chat/completions``, ``POST /v1/responses`` and ``POST
+/v1/messages`` (replacing vLLM's own; each API's differences are
+``apis.py``'s and ``responses.py``'s), per request:
 1. input (``input.py``): parse and check the body as vLLM would (HTTP 400
    before any memory operation), as a chat request; find the session and the
    policy, count the prompt;
@@ -29,13 +30,15 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from vllm_pamer.adapters.serving import REQUEST_ERRORS, is_error, with_cancellation
+from vllm_pamer.core.fallback import Fallback
 from vllm_pamer.core.pipeline import rewrite_request
 from vllm_pamer.core.store import StoreError
 from vllm_pamer.server import metrics
 from vllm_pamer.server.access import BadSessionId, check_session_id
-from vllm_pamer.server.apis import CHAT, MESSAGES, ManagedApi, UnreadableBody
+from vllm_pamer.server.apis import CHAT, MESSAGES, ManagedApi, PassThrough, UnreadableBody
 from vllm_pamer.server.input import InputError, outgoing, read_body, read_chat, tools_out
 from vllm_pamer.server.output import PamerReport, error_response, finish_report, report_headers
+from vllm_pamer.server.responses import ResponsesApi
 from vllm_pamer.server.state import ServerState
 from vllm_pamer.server.tool_rounds import resolve_own_tool_calls
 
@@ -61,6 +64,11 @@ async def messages(raw_request: Request) -> Response:
     return await _managed(MESSAGES, raw_request)
 
 
+@router.post("/v1/responses")
+async def responses(raw_request: Request) -> Response:
+    return await _managed(ResponsesApi(), raw_request)  # one per request: it holds the history it continues
+
+
 async def _managed(api: ManagedApi, raw_request: Request) -> Response:
     try:
         body = await read_body(raw_request, raw_request.app.state.pamer.settings.max_request_bytes)
@@ -76,9 +84,11 @@ async def _serve(api: ManagedApi, body: dict[str, Any], raw_request: Request) ->
     if handler is None:
         return api.error(501, f"the served model does not support the {api.name} API", "NotImplementedError")
     try:
-        chat = await read_chat(await api.chat_body(body, handler), raw_request, state)
+        chat = await read_chat(await api.chat_body(body, handler, raw_request), raw_request, state)
     except UnreadableBody as exc:
         return api.error(400, str(exc))
+    except PassThrough as exc:
+        return await _pass_through(api, handler, body, raw_request, Fallback(str(exc)))
     except InputError as exc:
         return api.error(exc.status, exc.message)
     session = state.sessions.touch(chat.session_id, chat.stored_session) if chat.session_id else None
@@ -160,6 +170,24 @@ async def _serve(api: ManagedApi, body: dict[str, Any], raw_request: Request) ->
         lambda: finish_report(report, capture_task, state.settings.capture_wait_s, chat.echo),
         report_headers(report),
     )
+
+
+async def _pass_through(
+    api: ManagedApi, handler: Any, body: dict[str, Any], raw_request: Request, rule: Fallback
+) -> Response:
+    """vLLM answers the client's body as sent: no memory, no session state;
+    the ``X-Pamer-Action`` header and the metrics name the rule."""
+    body = {k: v for k, v in body.items() if not k.startswith("pamer_")}
+    try:
+        result = await api.pass_through(handler, body, raw_request)
+    except REQUEST_ERRORS as exc:
+        return api.error(400, f"invalid {api.name} request: {exc}")
+    metrics.REQUESTS.labels("none", rule.action).inc()
+    if is_error(result):
+        refused = api.error_from(result)
+        refused.headers["X-Pamer-Action"] = rule.action
+        return refused
+    return await api.respond(result, None, {"X-Pamer-Action": rule.action})
 
 
 @router.get("/pamer/sessions/{session_id}")

@@ -16,6 +16,8 @@ from vllm.entrypoints.anthropic.protocol import (
     AnthropicMessagesResponse,
 )
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest, ChatCompletionToolsParam
+from vllm.entrypoints.openai.responses.protocol import ResponsesRequest, ResponsesResponse
+from vllm.entrypoints.openai.responses.utils import construct_chat_messages_with_tool_call, construct_input_messages
 from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 from vllm.entrypoints.serve.middleware.authenticate import AuthenticationMiddleware
 from vllm.entrypoints.serve.utils.api_utils import with_cancellation
@@ -137,6 +139,44 @@ def anthropic_content(answer: AnthropicMessagesResponse) -> dict[str, Any]:
     return answer.model_dump(exclude_none=True)
 
 
+def responses_request(body: dict[str, Any]) -> ResponsesRequest:
+    """A Responses body as vLLM's ``/v1/responses`` validates it (raises one of ``REQUEST_ERRORS``)."""
+    return ResponsesRequest.model_validate(body)
+
+
+def responses_chat_messages(request: ResponsesRequest) -> list[dict[str, Any]]:
+    """A Responses request's ``instructions`` and ``input`` as the chat
+    messages vLLM's ``/v1/responses`` renders (``construct_input_messages``:
+    instructions first, a function call merged into the assistant message
+    before it, an output as a tool message), as plain JSON. Raises one of
+    ``REQUEST_ERRORS`` for an input vLLM would refuse."""
+    messages = construct_input_messages(request_instructions=request.instructions, request_input=request.input)
+    return [_plain(m) for m in messages]
+
+
+def responses_output_messages(answer: ResponsesResponse) -> list[dict[str, Any]]:
+    """A response's output items as the chat messages vLLM reads them as when
+    they come back as input (its text, reasoning and function calls)."""
+    return [_plain(m) for m in construct_chat_messages_with_tool_call(list(answer.output))]
+
+
+def responses_content(answer: ResponsesResponse) -> dict[str, Any]:
+    """A whole Responses answer as vLLM's route sends it."""
+    return answer.model_dump(mode="json", by_alias=True)
+
+
+def responses_event(event: Any) -> tuple[str, dict[str, Any]]:
+    """A streamed Responses event's type and data as vLLM's route writes them."""
+    return str(getattr(event, "type", "unknown")), event.model_dump(mode="json", by_alias=True)
+
+
+def _plain(message: Any) -> dict[str, Any]:
+    """A message built of TypedDicts and pydantic items as JSON-able dicts."""
+    from pydantic_core import to_jsonable_python
+
+    return dict(to_jsonable_python(message, by_alias=True))
+
+
 __all__ = [
     "REQUEST_ERRORS",
     "ChatCompletionRequest",
@@ -150,6 +190,11 @@ __all__ = [
     "is_error",
     "key_check",
     "kv_cache_usage",
+    "responses_chat_messages",
+    "responses_content",
+    "responses_event",
+    "responses_output_messages",
+    "responses_request",
     "template_tools",
     "validate_chat_request",
     "with_cancellation",

@@ -111,6 +111,25 @@ TOUCH_POINTS: tuple[TouchPoint, ...] = (
     TouchPoint("entrypoints/anthropic/protocol.py", "AnthropicErrorResponse", ("error",)),
     TouchPoint("entrypoints/anthropic/protocol.py", "AnthropicError", ("type", "message")),
     TouchPoint("entrypoints/anthropic/api_router.py", "messages", ("anthropic_serving_messages",)),
+    # -- serving.py: the Responses API (server/responses.py)
+    TouchPoint(
+        "entrypoints/openai/responses/protocol.py",
+        "ResponsesRequest",
+        ("input", "instructions", "previous_response_id", "store", "vllm_xargs", "max_output_tokens"),
+    ),
+    TouchPoint("entrypoints/openai/responses/protocol.py", "ResponsesResponse", ("output", "status")),
+    TouchPoint(
+        "entrypoints/openai/responses/utils.py",
+        "construct_input_messages",
+        ("request_instructions", "request_input", "prev_msg", "prev_response_output"),
+    ),
+    TouchPoint("entrypoints/openai/responses/utils.py", "construct_chat_messages_with_tool_call"),
+    TouchPoint(
+        "entrypoints/openai/responses/serving.py",
+        "OpenAIServingResponses.create_responses",
+        ("request", "raw_request"),
+    ),
+    TouchPoint("entrypoints/openai/responses/api_router.py", "responses", ("openai_serving_responses",)),
     TouchPoint("entrypoints/serve/middleware/authenticate.py", "AuthenticationMiddleware.verify_token"),
     TouchPoint("entrypoints/serve/utils/api_utils.py", "with_cancellation", ("raw_request",)),
     TouchPoint("exceptions.py", "VLLMClientError"),

@@ -1,0 +1,111 @@
+"""The Responses API's adapter (``server/responses.py``): the rewritten chat
+view goes back to input items that vLLM's own conversion reads as that same
+view, every tool call next to its result; held conversations stay with the
+session that made them."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.support.chat_strategies import conversations, join
+from vllm_pamer.adapters.serving import responses_chat_messages, responses_request
+from vllm_pamer.core.blocks import protocol_issues, split_conversation
+from vllm_pamer.server.responses import _chat_content, _chat_tools, response_items
+from vllm_pamer.server.sessions import HeldConversations
+
+MEMORY = {"role": "user", "content": "[memory 1] The user wants reservation H9ZU1C cancelled."}
+
+
+def _as_chat(instructions, items):
+    body = {"model": "m", "input": items, **({"instructions": instructions} if instructions else {})}
+    return responses_chat_messages(responses_request(body))
+
+
+def _stream(messages):
+    """What a model reads of the messages, in order, whatever the message
+    boundaries: texts by role, calls, results."""
+    out = []
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, list):
+            content = "".join(p.get("text", "") for p in content)
+        if m["role"] == "tool":
+            out.append(("result", m.get("tool_call_id"), content or ""))
+            continue
+        if content:
+            out.append((m["role"], content))
+        for c in m.get("tool_calls") or []:
+            out.append(("call", c["id"], c["function"]["name"], c["function"]["arguments"]))
+    return out
+
+
+CLIENT_INPUT = [
+    {"role": "user", "content": "Cancel H9ZU1C."},
+    {"type": "message", "role": "assistant", "content": "Checking."},
+    {"type": "function_call", "call_id": "c1", "name": "get", "arguments": '{"id": "H9ZU1C"}'},
+    {"type": "function_call", "call_id": "c2", "name": "policy", "arguments": "{}"},
+    {"type": "function_call_output", "call_id": "c2", "output": "refund in 5 days"},
+    {"type": "function_call_output", "call_id": "c1", "output": "active"},
+    {"role": "user", "content": [{"type": "input_text", "text": "Also, my email changed."}]},
+]
+
+
+def test_a_rewritten_view_goes_back_to_items_vllm_reads_as_the_same_view():
+    view = _as_chat("You book flights.", CLIENT_INPUT)
+    assert [m["role"] for m in view] == ["system", "user", "assistant", "tool", "tool", "user"]
+    rewritten = view[:2] + [MEMORY] + view[2:]  # a memory after the prefix, as PaMER inserts it
+    instructions, items = response_items(rewritten)
+    assert instructions == "You book flights."
+    back = _as_chat(instructions, items)
+    assert back == [{k: v for k, v in m.items() if k != "type"} for m in rewritten]
+    assert [i.get("type") for i in items[2:6]] == [None, "function_call", "function_call", "function_call_output"]
+
+
+def test_the_chat_view_reads_responses_parts_as_chat_parts_and_function_tools_as_chat_tools():
+    parts = [{"type": "input_text", "text": "look"}, {"type": "input_image", "image_url": "data:image/png;base64,AA"}]
+    assert _chat_content(parts) == [
+        {"type": "text", "text": "look"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}},
+    ]
+    tools = [{"type": "function", "name": "get", "parameters": {"type": "object"}}, {"type": "web_search_preview"}]
+    assert _chat_tools(tools) == [{"type": "function", "function": {"name": "get", "parameters": {"type": "object"}}}]
+    _, items = response_items([{"role": "user", "content": _chat_content(parts)}])
+    assert items[0]["content"] == [
+        {"type": "input_text", "text": "look"},
+        {"type": "input_image", "image_url": "data:image/png;base64,AA", "detail": "auto"},
+    ]
+
+
+@settings(max_examples=60, deadline=None)
+@given(conversations(min_blocks=1), st.booleans())
+def test_any_rewritten_view_survives_the_way_back(conversation, insert_memory):
+    """A history rewritten as a policy does (the first block dropped, a memory
+    after the prefix) goes back to items vLLM reads as the same text, calls
+    and results in the same order: tool calls stay with their results."""
+    prefix, parts = conversation
+    view = join(prefix, parts)
+    blocks = split_conversation(view)
+    kept = [m for block in blocks.blocks[1:] for m in block.messages]
+    rewritten = list(blocks.prefix) + ([MEMORY] if insert_memory else []) + kept
+    back = _as_chat(*response_items(rewritten))
+    assert protocol_issues(back) == protocol_issues(rewritten)
+    assert _stream(back) == _stream(rewritten)
+
+
+def test_held_conversations_stay_with_their_session_and_the_oldest_goes_first():
+    held = HeldConversations(limit=2)
+    history = [{"role": "user", "content": "hi"}]
+    held.hold("tenant/a", "resp_1", history)
+    assert held.get("tenant/b", "resp_1") is None  # another session cannot continue it
+    copy = held.get("tenant/a", "resp_1")
+    assert copy == history
+    copy[0]["content"] = "changed"  # a caller's change is not the held history's
+    assert held.get("tenant/a", "resp_1") == history
+    held.hold("tenant/a", "resp_2", history)
+    held.get("tenant/a", "resp_1")  # used: resp_2 is now the least recent
+    held.hold("tenant/a", "resp_3", history)
+    assert held.get("tenant/a", "resp_2") is None
+    assert held.get("tenant/a", "resp_1") == history
+    HeldConversations(limit=0).hold("tenant/a", "resp_1", history)
+    assert HeldConversations(limit=0).get("tenant/a", "resp_1") is None
