@@ -101,11 +101,6 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     requests did (one policy's memories are not another's)."""
     session_routes: bool = True
     """Serve ``GET /pamer/sessions/{id}`` (read-only, the caller's own sessions)."""
-    held_responses: Annotated[int, msgspec.Meta(ge=0)] = 1024
-    """Conversations each API process holds for ``previous_response_id`` on
-    the Responses API (the whole history a response continues, by session;
-    the least recently used is forgotten first). A response this process does
-    not hold is answered by vLLM as sent, without memory."""
 
     @property
     def default_policy(self) -> str:

@@ -140,12 +140,13 @@ def test_the_responses_api_gets_the_memory(responses_run):
     assert all(r.object == "response" and r.status == "completed" for _, r in responses_run)
 
 
-def test_a_conversation_the_server_holds_continues_in_its_own_session_only(compress_server):
-    """``previous_response_id``: the plugin holds each answered history and
-    continues it (the model reads the earlier turns and answers); another
-    session naming the same response gets vLLM's own answer to the body as
-    sent, no memory: here vLLM's 404 (its store is off), nothing of the first
-    session's history."""
+def test_a_conversation_the_server_holds_continues_from_the_last_response(compress_server):
+    """``previous_response_id``: the plugin holds each answer with the turn
+    that asked for it and continues the conversation (the model reads every
+    earlier turn and answer), ``GET /v1/responses/{id}`` answers a held
+    response, and an id the plugin does not hold goes to vLLM as sent: here
+    vLLM's 404 (its own store is off), marked in the header."""
+    import httpx
     import openai
 
     client = openai_client(compress_server)
@@ -164,29 +165,34 @@ def test_a_conversation_the_server_holds_continues_in_its_own_session_only(compr
         max_output_tokens=8,
         extra_headers=headers,
     )
-    raw = client.responses.with_raw_response.create(
+    third = client.responses.create(
         model=DEFAULT_MODEL_NAME,
         previous_response_id=second.id,
-        input="Thanks.",
+        input=[{"role": "user", "content": "Thanks."}],
         max_output_tokens=8,
-        extra_headers=headers,
+        extra_headers={"X-Pamer-Echo": "1", "X-Pamer-Policy": "recent_k"},  # the session is the conversation's
     )
-    third = raw.parse()
-    sent = third.model_extra["pamer"]["messages_sent"]
-    users = [m["content"] for m in sent if m["role"] == "user"]
-    assert users == ["My reservation is H9ZU1C.", "Please cancel it.", "Thanks."]
+    report = third.model_extra["pamer"]
+    sent = report["messages_sent"]
+    assert report["session_id"] == "held-e2e"
+    assert [m["content"] for m in sent if m["role"] == "user"] == [
+        "My reservation is H9ZU1C.",
+        "Please cancel it.",
+        "Thanks.",
+    ]
     assert [m["role"] for m in sent].count("assistant") == 2  # the model's two answers, held
-    assert raw.headers["x-pamer-session"] == "held-e2e"
+    assert not any(m["role"] == "system" for m in sent)  # instructions do not carry over
+    fetched = httpx.get(f"{compress_server.base_url}/v1/responses/{second.id}", timeout=60)
+    assert fetched.status_code == 200 and fetched.json()["id"] == second.id
     with pytest.raises(openai.NotFoundError) as refused:
         client.responses.with_raw_response.create(
             model=DEFAULT_MODEL_NAME,
-            previous_response_id=second.id,
+            previous_response_id="resp_never_made",
             input="What is my reservation?",
             max_output_tokens=8,
-            extra_headers={"X-Session-ID": "someone-else-e2e", "X-Pamer-Echo": "1"},
+            extra_headers=headers,
         )
     assert refused.value.response.headers["x-pamer-action"] == "fallback:unknown_conversation"
-    assert "H9ZU1C" not in refused.value.response.text
 
 
 def test_a_streamed_response_carries_the_report(compress_server, trajectory):
@@ -220,3 +226,30 @@ def test_a_malformed_responses_request_is_refused_before_any_memory_operation(co
     assert response.json()["error"]["type"] == "BadRequestError"
     session = httpx.get(f"{compress_server.base_url}/pamer/sessions/responses-bad-e2e", timeout=30)
     assert session.status_code == 404
+
+
+def test_invocations_manages_chat_bodies_and_passes_the_others_to_vllm(compress_server, trajectory):
+    """SageMaker's ``/invocations``: a chat body gets the memory (the session
+    in the body, as SageMaker clients send it); a completion body is served
+    by vLLM as sent, and says the memory was not applied."""
+    import httpx
+
+    history = next(h for step, (_, h) in enumerate(agent_requests(trajectory["messages"])) if step == 3)
+    url = f"{compress_server.base_url}/invocations"
+    chat = httpx.post(
+        url,
+        json={"model": DEFAULT_MODEL_NAME, "messages": history, "max_tokens": 8, "session_id": "invocations-e2e"},
+        timeout=300,
+    )
+    assert chat.status_code == 200, chat.text
+    assert chat.json()["pamer"]["session_id"] == "invocations-e2e" and chat.json()["pamer"]["api"] == "chat"
+    assert "x-pamer-memory" not in chat.headers
+    completion = httpx.post(
+        url,
+        json={"model": DEFAULT_MODEL_NAME, "prompt": "Hello", "max_tokens": 4},
+        headers={"X-Session-ID": "invocations-e2e"},
+        timeout=300,
+    )
+    assert completion.status_code == 200, completion.text
+    assert completion.json()["object"] == "text_completion" and "pamer" not in completion.json()
+    assert completion.headers["x-pamer-memory"].startswith("not applied: /invocations")

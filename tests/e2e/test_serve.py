@@ -265,3 +265,28 @@ def test_a_request_names_only_an_allowed_policy_and_a_session_keeps_its_own(serv
     state = requests.get(f"{server.base_url}/pamer/sessions/e2e-none", headers=AUTH, timeout=10).json()
     assert state["policy"] == "none" and state["requests"] == len(replayed["none"])  # refused: not counted
     assert requests.get(f"{server.base_url}/pamer/sessions/e2e-costly", headers=AUTH, timeout=10).status_code == 404
+
+
+def test_a_held_response_is_another_tenants_404(server, client):
+    """A response the plugin holds (``previous_response_id``) is read and
+    continued under the key that made it; under another key it does not
+    exist; without a key the route refuses."""
+    made = client.responses.create(
+        model=DEFAULT_MODEL_NAME,
+        input="My reservation is H9ZU1C.",
+        max_output_tokens=4,
+        extra_headers={"X-Session-ID": "held-tenant"},
+    )
+    url = f"{server.base_url}/v1/responses/{made.id}"
+    assert requests.get(url, headers=AUTH, timeout=60).json()["id"] == made.id
+    other = {"Authorization": f"Bearer {OTHER_KEY}"}
+    assert requests.get(url, headers=other, timeout=60).status_code == 404
+    assert requests.get(url, timeout=60).status_code == 401
+    continued = requests.post(
+        f"{server.base_url}/v1/responses",
+        json={"model": DEFAULT_MODEL_NAME, "previous_response_id": made.id, "input": "And?", "max_output_tokens": 4},
+        headers={**other, "X-Session-ID": "held-tenant"},
+        timeout=120,
+    )
+    assert continued.status_code == 404 and "H9ZU1C" not in continued.text
+    assert continued.headers["x-pamer-action"] == "fallback:unknown_conversation"

@@ -1,7 +1,6 @@
 """The Responses API's adapter (``server/responses.py``): the rewritten chat
 view goes back to input items that vLLM's own conversion reads as that same
-view, every tool call next to its result; held conversations stay with the
-session that made them."""
+view, every tool call next to its result."""
 
 from __future__ import annotations
 
@@ -12,7 +11,6 @@ from tests.support.chat_strategies import conversations, join
 from vllm_pamer.adapters.serving import responses_chat_messages, responses_request
 from vllm_pamer.core.blocks import protocol_issues, split_conversation
 from vllm_pamer.server.responses import _chat_content, _chat_tools, response_items
-from vllm_pamer.server.sessions import HeldConversations
 
 MEMORY = {"role": "user", "content": "[memory 1] The user wants reservation H9ZU1C cancelled."}
 
@@ -91,21 +89,3 @@ def test_any_rewritten_view_survives_the_way_back(conversation, insert_memory):
     back = _as_chat(*response_items(rewritten))
     assert protocol_issues(back) == protocol_issues(rewritten)
     assert _stream(back) == _stream(rewritten)
-
-
-def test_held_conversations_stay_with_their_session_and_the_oldest_goes_first():
-    held = HeldConversations(limit=2)
-    history = [{"role": "user", "content": "hi"}]
-    held.hold("tenant/a", "resp_1", history)
-    assert held.get("tenant/b", "resp_1") is None  # another session cannot continue it
-    copy = held.get("tenant/a", "resp_1")
-    assert copy == history
-    copy[0]["content"] = "changed"  # a caller's change is not the held history's
-    assert held.get("tenant/a", "resp_1") == history
-    held.hold("tenant/a", "resp_2", history)
-    held.get("tenant/a", "resp_1")  # used: resp_2 is now the least recent
-    held.hold("tenant/a", "resp_3", history)
-    assert held.get("tenant/a", "resp_2") is None
-    assert held.get("tenant/a", "resp_1") == history
-    HeldConversations(limit=0).hold("tenant/a", "resp_1", history)
-    assert HeldConversations(limit=0).get("tenant/a", "resp_1") is None

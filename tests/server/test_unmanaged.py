@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import logging
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 from fastapi.testclient import TestClient
 
 from vllm_pamer.server import metrics
-from vllm_pamer.server.unmanaged import UnmanagedSessionNotice
+from vllm_pamer.server.unmanaged import UnmanagedSessionNotice, mark_managed
 
 
 def _app() -> TestClient:
@@ -32,6 +32,13 @@ def _app() -> TestClient:
             yield "data: 1\n\n"
 
         return StreamingResponse(chunks(), media_type="text/event-stream")
+
+    @app.post("/invocations")
+    async def invocations(request: Request) -> dict:
+        body = await request.json()
+        if "messages" in body:  # as the plugin's /invocations: chat bodies are managed
+            mark_managed(request.scope)
+        return {"ok": True}
 
     app.add_middleware(UnmanagedSessionNotice, managed=["/v1/chat/completions", "/v1/messages"])
     return TestClient(app)
@@ -60,3 +67,13 @@ def test_managed_routes_and_requests_without_a_session_get_no_notice():
     client = _app()
     assert "x-pamer-memory" not in client.post("/v1/chat/completions", headers={"X-Session-ID": "s"}).headers
     assert "x-pamer-memory" not in client.post("/v1/completions").headers
+
+
+def test_a_route_that_manages_some_bodies_marks_them_and_only_the_others_get_the_notice():
+    client = _app()
+    before = _count("/invocations")
+    chat = client.post("/invocations", json={"messages": []}, headers={"X-Session-ID": "s"})
+    completion = client.post("/invocations", json={"prompt": "hi"}, headers={"X-Session-ID": "s"})
+    assert "x-pamer-memory" not in chat.headers
+    assert completion.headers["x-pamer-memory"].startswith("not applied: /invocations")
+    assert _count("/invocations") == before + 1

@@ -1,6 +1,6 @@
 """What only the PostgreSQL store has (``stores/postgres.py``), on a throw-away
 cluster (``pg_cluster`` in tests/conftest.py): a schema of another version
-refused, not dropped; the previous schema carried over; a lost connection
+refused, not dropped; the previous schemas carried over; a lost connection
 opened again; an unreachable store named without its password."""
 
 from __future__ import annotations
@@ -37,6 +37,20 @@ def test_a_postgres_store_of_the_second_schema_is_carried_over(pg_cluster):
     assert len(blocking(reopened).load("a").memories) == 1
     blocking(reopened).save_session_state("a", b"state", 1.0)
     assert blocking(reopened).session_state("a") == (b"state", 1.0)
+    reopened.close()
+
+
+def test_a_postgres_store_of_the_third_schema_is_carried_over(pg_cluster):
+    url = pg_cluster.new_database()
+    store = open_store(url)
+    commit(store, "a")
+    store._execute("DROP TABLE responses")
+    store._execute("UPDATE meta SET value='3' WHERE key='schema_version'")
+    store.close()
+    reopened = open_store(url)
+    assert len(blocking(reopened).load("a").memories) == 1
+    blocking(reopened).hold_response("r1", None, ("a", "a"), [{"role": "user", "content": "hi"}], {"id": "r1"})
+    assert blocking(reopened).held_response("r1").history == [{"role": "user", "content": "hi"}]
     reopened.close()
 
 

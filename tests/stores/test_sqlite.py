@@ -73,6 +73,15 @@ def test_a_store_of_the_second_schema_is_carried_over(tmp_path):
     assert blocking(reopened).session_state("a") == (b"state", 1.0)
 
 
+def test_a_store_of_the_third_schema_is_carried_over(tmp_path):
+    path = tmp_path / "m.sqlite3"
+    older_schema(path, "DROP TABLE responses; UPDATE meta SET value='3' WHERE key='schema_version';")
+    reopened = SqliteStore(path)
+    assert len(blocking(reopened).load("a").memories) == 1 and not reopened.reset_events
+    blocking(reopened).hold_response("r1", None, ("a", "a"), [{"role": "user", "content": "hi"}], {"id": "r1"})
+    assert blocking(reopened).held_response("r1").history == [{"role": "user", "content": "hi"}]
+
+
 def test_a_busy_database_is_never_taken_for_a_corrupt_one(tmp_path):
     """Another process holds the write lock while a server opens the file (API
     processes starting together): the open fails after SQLite's busy wait,

@@ -118,6 +118,20 @@ class LoadResult(msgspec.Struct):
     """Rows that failed validation and were discarded (corrupt state)."""
 
 
+class HeldResponse(msgspec.Struct, frozen=True):
+    """A Responses API answer the plugin holds (``server/responses.py``), with
+    the whole conversation it ends."""
+
+    session: str
+    """The key of the session its conversation is filed under."""
+    session_name: str
+    """That session's id as clients name it."""
+    history: list[Message]
+    """Every message of the conversation, oldest first, its own output last."""
+    response: dict[str, Any]
+    """The response object as it was answered."""
+
+
 class MemoryStore(ABC):
     """Per-session memories, their raw blocks and an event log."""
 
@@ -161,6 +175,27 @@ class MemoryStore(ABC):
     @abstractmethod
     async def session_state(self, session: str) -> tuple[bytes, float] | None:
         """The stored state of ``session`` and when it was made, or None."""
+
+    async def hold_response(
+        self,
+        key: str,
+        parent: str | None,
+        session: tuple[str, str],
+        items: Sequence[Message],
+        response: dict[str, Any],
+    ) -> None:
+        """Keep a Responses API answer under ``key`` (its id within its tenant):
+        the messages its request added to the conversation the answer held
+        under ``parent`` ends (None: a new conversation), its output last, and
+        the response as answered; filed under ``session`` (key, id) and deleted
+        with it. Raises StoreError (nothing kept) on failure."""
+        raise StoreError(f"{type(self).__name__} holds no responses")
+
+    async def held_response(self, key: str) -> HeldResponse | None:
+        """The answer held under ``key`` and the whole conversation it ends;
+        None when none is held or a part of its conversation is not (never a
+        conversation with a gap). Raises StoreError when it cannot be read."""
+        return None
 
     @property
     def shared(self) -> bool:

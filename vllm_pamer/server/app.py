@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
 from vllm_pamer.server.access import UNAUTHORIZED, Unauthorized
-from vllm_pamer.server.routes import router
+from vllm_pamer.server.routes import DELEGATED, VLLM_ROUTES, open_router, router
 from vllm_pamer.server.state import ServerState
 from vllm_pamer.server.unmanaged import UnmanagedSessionNotice
 from vllm_pamer.settings import Settings
@@ -29,7 +29,18 @@ class PamerEndpointPlugin:
     required_tasks = ("generate",)
 
     def attach_router(self, app: FastAPI) -> None:
+        # vLLM's own handlers of the routes the plugin's replace serve what those pass
+        # on (vLLM then drops them: plugins/endpoint_plugins/interface.py)
+        own = {
+            (route.path, method): route.endpoint
+            for route in app.routes
+            if isinstance(route, APIRoute)
+            for method in route.methods
+            if (route.path, method) in DELEGATED
+        }
+        setattr(app.state, VLLM_ROUTES, own)
         app.include_router(router)
+        app.include_router(open_router)
         app.add_exception_handler(Unauthorized, _unauthorized)
         managed = [route.path for route in router.routes if isinstance(route, APIRoute) and "{" not in route.path]
         app.add_middleware(UnmanagedSessionNotice, managed=managed)

@@ -8,19 +8,24 @@ view), answered by vLLM's ``create_responses``, the ``pamer`` report on the
 response (the body, or the streamed ``response.completed`` event's response).
 
 Server-held conversations: a request with ``previous_response_id`` sends only
-its new items. vLLM keeps history only with ``VLLM_ENABLE_RESPONSES_API_STORE``
-and, once the memory rewrites a request, it would keep the rewritten view, not
-the agent's history. So the plugin holds each answered response's whole
-history itself (``HeldConversations``: per session, per API process, the least
-recently used forgotten first), continues it with the new items, and sends the
-result as a stateless request. A ``previous_response_id`` this process does
-not hold for the session goes to vLLM as sent (``fallback:unknown_conversation``).
+its new items. vLLM keeps history only in memory, with
+``VLLM_ENABLE_RESPONSES_API_STORE``, and once the memory rewrites a request it
+would keep the rewritten view, not the agent's history. So the plugin holds
+every completed answer (unless ``store`` is false) in its memory store
+(``MemoryStore.hold_response``: what the request added and the output, keyed
+by the response id within the caller's tenant, filed under the session), reads
+the whole conversation back for a later turn, and sends vLLM a whole request.
+The session is the request's, else the conversation's (its first answer's id
+when no request named one). A response id not held in the caller's tenant goes
+to vLLM as sent (``fallback:unknown_conversation``: vLLM's own store, or 404);
+``GET /v1/responses/{id}`` answers a held response (``routes.py``).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Sequence
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from fastapi import Request
@@ -36,11 +41,14 @@ from vllm_pamer.adapters.serving import (
     responses_request,
 )
 from vllm_pamer.core.blocks import Message
+from vllm_pamer.core.fallback import Fallback
+from vllm_pamer.core.store import MemoryStore, StoreError
 from vllm_pamer.server.access import BadSessionId
 from vllm_pamer.server.apis import ManagedApi, PassThrough, UnreadableBody, chat_messages
-from vllm_pamer.server.input import SESSION_HEADER, session_id_of
+from vllm_pamer.server.input import SESSION_HEADER, InputError, session_id_of
 from vllm_pamer.server.output import ReportMaker
-from vllm_pamer.server.sessions import HeldConversations
+
+logger = logging.getLogger("vllm_pamer.server")
 
 TEXT_PARTS = {"input_text": "text", "output_text": "text", "text": "text"}
 
@@ -155,18 +163,20 @@ PASSED_TO_CHAT = ("model", "session_id", "vllm_xargs", "pamer_policy", "pamer_ec
 
 class ResponsesApi(ManagedApi):
     """One ``POST /v1/responses`` request (an instance per request: it keeps
-    the history it continues, to hold it with the answer)."""
+    the conversation it continues, to hold the answer with it)."""
 
     name = "responses"
     handler = "openai_serving_responses"
 
     def __init__(self) -> None:
-        self.history: list[Message] = []
-        """The whole history the request sends (held ones and its own items)."""
-        self.session: str | None = None
-        """The session's key (``server/access.py``), if the request names one."""
-        self._held: HeldConversations | None = None
-        """Where the answer is held (set when the session keeps its responses)."""
+        self.added: list[Message] = []
+        """What this request adds to its conversation (its instructions apart)."""
+        self.parent: str | None = None
+        """The key of the held answer it continues."""
+        self.session_name: str | None = None
+        """The session it names, else its conversation's."""
+        self.held_by: tuple[MemoryStore, Callable[[str], str]] | None = None
+        """Where its answer is held, and a response id's key in the caller's tenant (None: not held)."""
 
     async def chat_body(self, body: dict[str, Any], handler: Any, raw_request: Request) -> dict[str, Any]:
         try:
@@ -175,20 +185,32 @@ class ResponsesApi(ManagedApi):
         except REQUEST_ERRORS as exc:
             raise UnreadableBody(f"invalid responses request: {exc}") from None
         state = raw_request.app.state.pamer
+
+        def key(response_id: str) -> str:
+            return str(state.access.session_key(raw_request.headers, response_id))
+
+        lead = messages[:1] if request.instructions else []
+        self.added = messages[len(lead) :]
         try:
-            name = session_id_of(raw_request.headers.get(SESSION_HEADER), body.get("session_id"))
-            self.session = state.access.session_key(raw_request.headers, name) if name else None
+            self.session_name = session_id_of(raw_request.headers.get(SESSION_HEADER), body.get("session_id"))
         except BadSessionId:
-            self.session = None  # read_chat refuses it with its own message
+            self.session_name = None  # read_chat refuses it in its own words
         if request.previous_response_id:
-            held = state.held_responses.get(self.session, request.previous_response_id) if self.session else None
+            try:
+                held = await state.store.held_response(key(request.previous_response_id))
+            except StoreError as exc:
+                raise InputError(f"the memory store could not be read: {exc}", 503) from None
             if held is None:
-                raise PassThrough("unknown_conversation")
-            lead = [m for m in messages if m.get("role") == "system"][:1] if request.instructions else []
-            # instructions do not carry over (vLLM's construct_input_messages drops earlier system messages)
-            messages = lead + [m for m in held if m.get("role") != "system"] + messages[len(lead) :]
-        self.history = messages
+                raise PassThrough(Fallback.UNKNOWN_CONVERSATION.value)
+            self.parent = key(request.previous_response_id)
+            self.session_name = self.session_name or held.session_name
+            # instructions do not carry over (as vLLM's construct_input_messages)
+            messages = lead + [m for m in held.history if m.get("role") != "system"] + self.added
+        if body.get("store") is not False:
+            self.held_by = (state.store, key)
         chat: dict[str, Any] = {k: body[k] for k in PASSED_TO_CHAT if k in body}
+        if self.session_name is not None:
+            chat["session_id"] = self.session_name
         chat["messages"] = [{**m, "content": _chat_content(m.get("content"))} for m in messages]
         if tools := _chat_tools(body.get("tools")):
             chat["tools"] = tools
@@ -198,31 +220,33 @@ class ResponsesApi(ManagedApi):
             chat["max_completion_tokens"] = request.max_output_tokens
         return chat
 
-    def _body(self, body: dict[str, Any], messages: Sequence[Message], xargs: Any) -> dict[str, Any]:
-        instructions, items = response_items(messages)
-        sent = {k: v for k, v in body.items() if not k.startswith("pamer_") and k != "previous_response_id"}
-        sent.update(input=items, instructions=instructions, vllm_xargs=xargs)
-        return sent
-
     async def send(
         self, handler: Any, body: dict[str, Any], request: ChatCompletionRequest, raw_request: Request
     ) -> Any:
-        sent = responses_request(self._body(body, chat_messages(request), request.vllm_xargs))
-        answer = await handler.create_responses(sent, raw_request)
-        if self.session is not None and sent.store is not False:
-            self._held = raw_request.app.state.pamer.held_responses
-            if hasattr(answer, "output"):
-                self._hold(answer)
+        instructions, items = response_items(chat_messages(request))
+        sent = {k: v for k, v in body.items() if not k.startswith("pamer_") and k != "previous_response_id"}
+        sent.update(input=items, instructions=instructions, vllm_xargs=request.vllm_xargs)
+        answer = await handler.create_responses(responses_request(sent), raw_request)
+        if hasattr(answer, "output"):
+            await self._hold(answer)
         return answer
 
-    def _hold(self, answer: Any) -> None:
-        """Holds the history ``answer`` ends (a completed response only)."""
-        if self._held is not None and self.session is not None and getattr(answer, "status", None) == "completed":
-            self._held.hold(self.session, answer.id, [*self.history, *responses_output_messages(answer)])
+    async def _hold(self, answer: Any) -> None:
+        """Holds a completed answer with what its request added; a failure
+        is logged (the answer is sent; a later turn that continues it is
+        answered by vLLM as sent)."""
+        if self.held_by is None or getattr(answer, "status", None) != "completed":
+            return
+        store, key = self.held_by
+        name = self.session_name or answer.id  # a conversation without a session is its first answer's
+        items = [*self.added, *responses_output_messages(answer)]
+        try:
+            await store.hold_response(key(answer.id), self.parent, (key(name), name), items, responses_content(answer))
+        except StoreError:
+            logger.warning("vllm-pamer: response %s could not be held", answer.id, exc_info=True)
 
     async def pass_through(self, handler: Any, body: dict[str, Any], raw_request: Request) -> Any:
-        sent = {k: v for k, v in body.items() if not k.startswith("pamer_")}
-        return await handler.create_responses(responses_request(sent), raw_request)
+        return await handler.create_responses(responses_request(body), raw_request)
 
     async def respond(self, answer: Any, report: ReportMaker | None, headers: dict[str, str]) -> Response:
         if not hasattr(answer, "__aiter__"):
@@ -234,11 +258,11 @@ class ResponsesApi(ManagedApi):
 
     async def _events(self, answer: AsyncIterator[Any], report: ReportMaker | None) -> AsyncIterator[str]:
         """vLLM's events as its route writes them; the completed response
-        carries the report and is held (a streamed answer is held once it completes)."""
+        carries the report and is held."""
         async for event in answer:
             kind, data = responses_event(event)
             if kind == "response.completed":
-                self._hold(getattr(event, "response", None))
+                await self._hold(getattr(event, "response", None))
                 if report is not None and isinstance(data.get("response"), dict):
                     data["response"]["pamer"] = await report()
             yield f"event: {kind}\ndata: {json.dumps(data)}\n\n"

@@ -1,8 +1,9 @@
 """The routes the plugin adds to vLLM's API server.
 
-``POST /v1/chat/completions``, ``POST /v1/responses`` and ``POST
-/v1/messages`` (replacing vLLM's own; each API's differences are
-``apis.py``'s and ``responses.py``'s), per request:
+``POST /v1/chat/completions``, ``POST /v1/responses``, ``POST
+/v1/messages`` and the chat bodies of ``POST /invocations`` (replacing vLLM's
+own; each API's differences are ``apis.py``'s and ``responses.py``'s), per
+request:
 1. input (``input.py``): parse and check the body as vLLM would (HTTP 400
    before any memory operation), as a chat request; find the session and the
    policy, count the prompt;
@@ -23,11 +24,13 @@ Every route here answers 401 without a valid key when the server has keys
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import msgspec
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.types import Message
 
 from vllm_pamer.adapters.serving import REQUEST_ERRORS, is_error, with_cancellation
 from vllm_pamer.core.fallback import Fallback
@@ -41,6 +44,7 @@ from vllm_pamer.server.output import PamerReport, error_response, finish_report,
 from vllm_pamer.server.responses import ResponsesApi
 from vllm_pamer.server.state import ServerState
 from vllm_pamer.server.tool_rounds import resolve_own_tool_calls
+from vllm_pamer.server.unmanaged import mark_managed
 
 REWRITING_ACTIONS = ("rewritten", "compressed", "recalled")
 
@@ -52,6 +56,8 @@ def authorized(raw_request: Request) -> None:
 
 
 router = APIRouter(dependencies=[Depends(authorized)])
+open_router = APIRouter()
+"""Routes vLLM serves without a key (``/invocations``, SageMaker's): they check it where they manage."""
 
 
 @router.post("/v1/chat/completions")
@@ -67,6 +73,69 @@ async def messages(raw_request: Request) -> Response:
 @router.post("/v1/responses")
 async def responses(raw_request: Request) -> Response:
     return await _managed(ResponsesApi(), raw_request)  # one per request: it holds the history it continues
+
+
+@open_router.post("/invocations")
+async def invocations(raw_request: Request) -> Response:
+    """SageMaker's route, where vLLM serves chat and completion bodies: a chat
+    body is managed as on chat completions (a key needed where the server has
+    keys, as there); any other body goes to vLLM's own handler as sent."""
+    try:
+        body = await read_body(raw_request, raw_request.app.state.pamer.settings.max_request_bytes)
+    except InputError as exc:
+        return CHAT.error(exc.status, exc.message)
+    if isinstance(body.get("messages"), list):
+        authorized(raw_request)
+        mark_managed(raw_request.scope)
+        return await _serve(CHAT, body, raw_request=raw_request)
+    own = vllm_route(raw_request, "/invocations", "POST")
+    if own is None:
+        return CHAT.error(404, "this server serves only chat bodies on /invocations")
+    return await own(replayed(raw_request, json.dumps(body).encode()))
+
+
+@router.get("/v1/responses/{response_id}")
+async def retrieve_response(
+    response_id: str, raw_request: Request, starting_after: int | None = None, stream: bool | None = False
+) -> Response:
+    """A response the plugin holds for the caller's tenant (``responses.py``),
+    else vLLM's own answer (its store, or 404)."""
+    state: ServerState = raw_request.app.state.pamer
+    try:
+        held = await state.store.held_response(state.access.session_key(raw_request.headers, response_id))
+    except StoreError as exc:
+        return error_response(503, f"the memory store could not be read: {exc}")
+    if held is not None and not stream:
+        return JSONResponse(content=held.response)
+    own = vllm_route(raw_request, "/v1/responses/{response_id}", "GET")
+    if own is None:
+        return error_response(404, f"no response {response_id!r}")
+    return await own(response_id, raw_request, starting_after=starting_after, stream=stream)
+
+
+DELEGATED = {("/invocations", "POST"), ("/v1/responses/{response_id}", "GET")}
+"""vLLM's routes the plugin replaces and hands what it does not serve itself."""
+VLLM_ROUTES = "pamer_vllm_routes"
+"""The ``app.state`` attribute: vLLM's handlers of ``DELEGATED`` (``app.py``)."""
+
+
+def vllm_route(raw_request: Request, path: str, method: str) -> Any:
+    """vLLM's own handler of a route the plugin replaced (None: vLLM has none)."""
+    return getattr(raw_request.app.state, VLLM_ROUTES, {}).get((path, method))
+
+
+def replayed(raw_request: Request, body: bytes) -> Request:
+    """The request again, its body ``body`` (the plugin has read the original)."""
+    given = False
+
+    async def receive() -> Message:
+        nonlocal given
+        if given:
+            return await raw_request.receive()  # a disconnect, as the original would tell
+        given = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return Request(raw_request.scope, receive)
 
 
 async def _managed(api: ManagedApi, raw_request: Request) -> Response:

@@ -19,7 +19,6 @@ import msgspec
 import numpy as np
 
 from vllm_pamer.channel import CaptureRecord
-from vllm_pamer.core.blocks import Message
 from vllm_pamer.core.policies import HeadVote
 from vllm_pamer.core.recall import WorkerRecall
 
@@ -113,29 +112,3 @@ class SessionRegistry:
 
     def __len__(self) -> int:
         return len(self._sessions)
-
-
-class HeldConversations:
-    """Histories of answered Responses API responses, by session and response
-    id, for ``previous_response_id`` (``server/responses.py``): bounded, the
-    least recently used forgotten first."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self._held: OrderedDict[tuple[str, str], list[Message]] = OrderedDict()
-
-    def hold(self, session: str, response_id: str, messages: list[Message]) -> None:
-        if self.limit <= 0:
-            return
-        self._held[(session, response_id)] = messages
-        self._held.move_to_end((session, response_id))
-        while len(self._held) > self.limit:
-            self._held.popitem(last=False)
-
-    def get(self, session: str, response_id: str) -> list[Message] | None:
-        """The history ``response_id`` ends, if held for ``session`` (a copy)."""
-        found = self._held.get((session, response_id))
-        if found is None:
-            return None
-        self._held.move_to_end((session, response_id))
-        return [dict(m) for m in found]

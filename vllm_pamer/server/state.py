@@ -20,7 +20,7 @@ from vllm_pamer.embedders import DEFAULT_EMBEDDER, make_embedder
 from vllm_pamer.server import metrics
 from vllm_pamer.server.access import Access
 from vllm_pamer.server.services import VllmEngineServices
-from vllm_pamer.server.sessions import HeldConversations, SessionRegistry, SessionState
+from vllm_pamer.server.sessions import SessionRegistry, SessionState
 from vllm_pamer.settings import Settings
 from vllm_pamer.stores import open_store
 
@@ -37,7 +37,6 @@ class ServerState:
         keys = api_keys(args)
         self.access = Access(keys, key_check(keys), settings)
         self.sessions = SessionRegistry()
-        self.held_responses = HeldConversations(settings.held_responses)
         self.api_processes = int(getattr(args, "api_server_count", None) or 1)
         self.inbox = CaptureInbox(ensure_channel_address(), on_record=lambda _: metrics.CAPTURE_RECORDS.inc())
         self.has_heads = bool(settings.heads)

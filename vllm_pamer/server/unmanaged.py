@@ -4,7 +4,9 @@ it, with a response header saying the memory was not applied and why, a
 warning logged once per route, and ``vllm_pamer_unmanaged_requests_total``.
 
 An ASGI middleware (it runs before vLLM's routes and adds a header to the
-answer, streamed or not, without reading either body)."""
+answer, streamed or not, without reading either body). A route that manages
+only some bodies (``/invocations``: chat bodies) marks the requests it
+managed (``mark_managed``); the middleware decides when the answer starts."""
 
 from __future__ import annotations
 
@@ -35,6 +37,14 @@ KNOWN_ROUTES = (
 the label's values stay few whatever clients send)."""
 
 
+MANAGED_MARK = "pamer_managed"
+
+
+def mark_managed(scope: Scope) -> None:
+    """Marks a request the plugin managed on a route it does not always manage."""
+    scope.setdefault("state", {})[MANAGED_MARK] = True
+
+
 class UnmanagedSessionNotice:
     """Marks the answers of requests with a session id on unmanaged routes."""
 
@@ -54,6 +64,17 @@ class UnmanagedSessionNotice:
             await self.app(scope, receive, send)
             return
         route = path if path in KNOWN_ROUTES else "other"
+        notice = f"not applied: {path} is not a route vllm-pamer manages ({', '.join(sorted(self.managed))})"
+
+        async def send_with_notice(message: Message) -> None:
+            if message.get("type") == "http.response.start" and not (scope.get("state") or {}).get(MANAGED_MARK):
+                self._count(route, path)
+                message["headers"] = [*message.get("headers", []), (NOTICE_HEADER, notice.encode("latin-1", "replace"))]
+            await send(message)
+
+        await self.app(scope, receive, send_with_notice)
+
+    def _count(self, route: str, path: str) -> None:
         metrics.UNMANAGED_REQUESTS.labels(route).inc()
         if route not in self.warned:
             self.warned.add(route)
@@ -63,11 +84,3 @@ class UnmanagedSessionNotice:
                 path,
                 ", ".join(sorted(self.managed)),
             )
-        notice = f"not applied: {path} is not a route vllm-pamer manages ({', '.join(sorted(self.managed))})"
-
-        async def send_with_notice(message: Message) -> None:
-            if message.get("type") == "http.response.start":
-                message["headers"] = [*message.get("headers", []), (NOTICE_HEADER, notice.encode("latin-1", "replace"))]
-            await send(message)
-
-        await self.app(scope, receive, send_with_notice)

@@ -24,7 +24,8 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from vllm_pamer.core.store import StoreError, StoreLimits
-from vllm_pamer.stores.sql import SCHEMA_VERSION, SqlStore
+from vllm_pamer.stores.responses import ResponsesSqlStore
+from vllm_pamer.stores.sql import SCHEMA_VERSION
 
 logger = logging.getLogger("vllm_pamer.store")
 
@@ -76,6 +77,16 @@ CREATE TABLE IF NOT EXISTS sessions (
     state_time DOUBLE PRECISION NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS sessions_last_used ON sessions(last_used);
+CREATE TABLE IF NOT EXISTS responses (
+    key TEXT PRIMARY KEY,
+    parent TEXT,
+    session TEXT NOT NULL,
+    session_name TEXT NOT NULL,
+    items TEXT NOT NULL,
+    response TEXT NOT NULL,
+    created DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX IF NOT EXISTS responses_session ON responses(session);
 """
 
 
@@ -89,7 +100,7 @@ def redacted(url: str) -> str:
     return f"postgresql://{user}@{host}:{port}/{dbname}"
 
 
-class PostgresStore(SqlStore):
+class PostgresStore(ResponsesSqlStore):
     """PostgreSQL-backed store; one connection per store object, shared by its
     threads behind the lock; each replica opens its own."""
 
@@ -128,6 +139,8 @@ class PostgresStore(SqlStore):
                         "ALTER TABLE sessions ADD COLUMN IF NOT EXISTS state BYTEA, "
                         "ADD COLUMN IF NOT EXISTS state_time DOUBLE PRECISION NOT NULL DEFAULT 0"
                     )
+                    conn.execute("UPDATE meta SET value=%s WHERE key='schema_version'", (str(SCHEMA_VERSION),))
+                elif row[0] == "3":  # 4 added the responses table, made by the schema above
                     conn.execute("UPDATE meta SET value=%s WHERE key='schema_version'", (str(SCHEMA_VERSION),))
                 elif row[0] != str(SCHEMA_VERSION):
                     raise StoreError(

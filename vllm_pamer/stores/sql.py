@@ -3,8 +3,9 @@
 
 Tables: ``memories`` (summary, embedding, covered block ids, step details),
 ``raw_blocks`` (the raw blocks each memory covers), ``events`` (every policy
-decision) and ``sessions`` (per session: last use, memories, raw bytes: what
-the caps and retention read; and the server's state of the session). A backend (``sqlite.py``, ``postgres.py``) opens
+decision), ``sessions`` (per session: last use, memories, raw bytes: what
+the caps and retention read; and the server's state of the session) and
+``responses`` (held Responses API answers: ``responses.py``). A backend (``sqlite.py``, ``postgres.py``) opens
 the connection, creates its schema and says how a transaction begins and how a
 session's commits are kept apart; the guarantees are the interface's
 (``core/store.py``). Queries are written with ``?`` placeholders.
@@ -31,8 +32,9 @@ from vllm_pamer.core.store import LoadResult, Memory, MemoryStore, StepDetail, S
 
 logger = logging.getLogger("vllm_pamer.store")
 
-SCHEMA_VERSION = 3
-"""2 added the ``sessions`` table, 3 its ``state`` and ``state_time`` columns."""
+SCHEMA_VERSION = 4
+"""2 added the ``sessions`` table, 3 its ``state`` and ``state_time`` columns,
+4 the ``responses`` table (``responses.py``)."""
 PRUNE_EVERY = 1000
 """Events written between two retention passes (a commit runs one too)."""
 
@@ -256,8 +258,8 @@ class SqlStore(MemoryStore):
             )
 
     def _delete_session(self, session: str, why: str) -> None:
-        """A whole session: its memories with their raw blocks, and its events."""
-        for table in ("raw_blocks", "memories", "events", "sessions"):
+        """A whole session: its memories with their raw blocks, its events and held responses."""
+        for table in ("raw_blocks", "memories", "events", "responses", "sessions"):
             self._execute(f"DELETE FROM {table} WHERE session=?", (session,))
         logger.info("vllm-pamer store: deleted session %s (%s)", session, why)
 

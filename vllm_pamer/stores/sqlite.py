@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 from vllm_pamer.core.store import StoreLimits
-from vllm_pamer.stores.sql import SCHEMA_VERSION, SqlStore
+from vllm_pamer.stores.responses import ResponsesSqlStore
+from vllm_pamer.stores.sql import SCHEMA_VERSION
 
 logger = logging.getLogger("vllm_pamer.store")
 
@@ -61,6 +62,16 @@ CREATE TABLE IF NOT EXISTS sessions (
     state_time REAL NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS sessions_last_used ON sessions(last_used);
+CREATE TABLE IF NOT EXISTS responses (
+    key TEXT PRIMARY KEY,
+    parent TEXT,
+    session TEXT NOT NULL,
+    session_name TEXT NOT NULL,
+    items TEXT NOT NULL,
+    response TEXT NOT NULL,
+    created REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS responses_session ON responses(session);
 """
 
 # Version 1 had no sessions table: fill it from the memories it kept.
@@ -77,7 +88,7 @@ ALTER TABLE sessions ADD COLUMN state_time REAL NOT NULL DEFAULT 0;
 """
 
 
-class SqliteStore(SqlStore):
+class SqliteStore(ResponsesSqlStore):
     """SQLite-backed store; safe to share between threads of one process."""
 
     BEGIN = "BEGIN IMMEDIATE"
@@ -122,8 +133,8 @@ class SqliteStore(SqlStore):
                 row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
                 if row is None:
                     conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-                elif row[0] in ("1", "2"):  # v1 had no sessions table: the schema above made the current one
-                    for statement in (_FROM_V1 if row[0] == "1" else _FROM_V2).split(";"):
+                elif row[0] in ("1", "2", "3"):  # the schema above made the tables an older one lacked
+                    for statement in {"1": _FROM_V1, "2": _FROM_V2, "3": ""}[row[0]].split(";"):
                         if statement.strip():
                             conn.execute(statement)
                     conn.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
