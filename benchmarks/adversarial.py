@@ -1,12 +1,13 @@
 """The long part of the adversarial suite, against a real ``vllm-pamer serve``
 of the default model (the fast part: ``tests/e2e/test_fuzz_serve.py``).
 
-    .venv/bin/python -m benchmarks.adversarial fuzz --examples 2000
+    .venv/bin/python -m benchmarks.adversarial fuzz --examples 1000 --api all
     .venv/bin/python -m benchmarks.adversarial load --sessions 32 --max-steps 16
     .venv/bin/python -m benchmarks.adversarial crash --cycles 10
 
-* ``fuzz``: fuzzed requests (``tests/support/fuzz_requests.py``) on the fuzz suite's
-  server; prints the answers by status; any 5xx is a failure.
+* ``fuzz``: fuzzed requests (``tests/support/fuzz_requests.py``) to each managed
+  route (``--api``) on the fuzz suite's server; prints the answers by route and
+  status; any 5xx is a failure.
 * ``load``: ``--sessions`` real trajectories replayed at once, each its own
   session, under PaMER with a context budget small enough to compact; checks
   that each session's memories cover only its own blocks and that a request
@@ -65,39 +66,49 @@ def serve(args: list[str], root: Path, name: str = "server.log") -> ServerProces
 def fuzz(args: argparse.Namespace) -> int:
     from hypothesis import given, seed
 
-    from tests.support.fuzz_requests import FUZZ_SERVER_ARGS, KEY, check_answer, fuzz_settings, fuzzed_requests, send
+    from tests.support.fuzz_requests import (
+        FUZZ_SERVER_ARGS,
+        KEY,
+        ROUTES,
+        check_answer,
+        fuzz_settings,
+        fuzzed_requests,
+        send,
+    )
     from vllm_pamer.demo import ensure_demo_heads
 
     model_dir = ensure_default_model(quiet=True)
-
-    statuses: collections.Counter[int] = collections.Counter()
+    apis = list(ROUTES) if args.api == "all" else args.api.split(",")
+    statuses: dict[str, collections.Counter[int]] = {api: collections.Counter() for api in apis}
     failures: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         server = serve([*FUZZ_SERVER_ARGS, "--pamer-heads", str(ensure_demo_heads(model_dir))], Path(tmp))
         started = time.monotonic()
         try:
             with httpx.Client(base_url=server.base_url, timeout=300) as client:
+                for api in apis:
 
-                @fuzz_settings(args.examples, derandomize=args.seed is None)
-                @given(fuzzed_requests(KEY))
-                def one(request):
-                    response = send(client, request)
-                    statuses[response.status_code] += 1
-                    try:
-                        check_answer(response)
-                    except AssertionError as exc:
-                        failures.append(f"{request!r}: {exc}")
+                    @fuzz_settings(args.examples, derandomize=args.seed is None)
+                    @given(fuzzed_requests(KEY, api))
+                    def one(request, api=api):
+                        response = send(client, request, api)
+                        statuses[api][response.status_code] += 1
+                        try:
+                            check_answer(response, api)
+                        except AssertionError as exc:
+                            failures.append(f"{ROUTES[api]} {request!r}: {exc}")
 
-                (one if args.seed is None else seed(args.seed)(one))()
+                    (one if args.seed is None else seed(args.seed)(one))()
                 healthy = client.get("/health").status_code == 200
         finally:
             server.stop()
-    total = sum(statuses.values())
+    total = sum(sum(counts.values()) for counts in statuses.values())
     print(f"{total} fuzzed requests in {time.monotonic() - started:.0f} s; server healthy after: {healthy}")
-    print("| status | requests |\n|---|---|")
-    for status, count in sorted(statuses.items()):
-        print(f"| {status} | {count} |")
-    print(f"5xx: {sum(c for s, c in statuses.items() if s >= 500)}; failed checks: {len(failures)}")
+    print("| route | requests | 2xx | 4xx | 5xx |\n|---|---|---|---|---|")
+    for api, counts in statuses.items():
+        by = [sum(c for s, c in counts.items() if lo <= s < lo + 100) for lo in (200, 400, 500)]
+        print(f"| `{ROUTES[api]}` | {sum(counts.values())} | {by[0]} | {by[1]} | {by[2]} |")
+    print(f"failed checks: {len(failures)}")
     for failure in failures[:10]:
         print("  ", failure[:600])
     return 0 if healthy and not failures else 1
@@ -367,7 +378,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("fuzz", help="fuzzed requests; no 5xx")
-    p.add_argument("--examples", type=int, default=2000)
+    p.add_argument("--examples", type=int, default=1000, help="fuzzed requests per route")
+    p.add_argument(
+        "--api", default="all", help="the routes' APIs, comma-separated (chat, responses, messages, invocations) or all"
+    )
     p.add_argument("--seed", type=int, default=None, help="hypothesis seed (default: derandomized)")
     p = sub.add_parser("load", help="many sessions at once; isolation, latency, RSS")
     p.add_argument("--sessions", type=int, default=32)

@@ -44,7 +44,6 @@ def messages_run(compress_server, trajectory):
             system=system,
             messages=messages,
             max_tokens=8,
-            temperature=0,
             extra_headers={"X-Session-ID": "messages-e2e", "X-Pamer-Policy": "pamer_budget", "X-Pamer-Echo": "1"},
         )
         out.append((raw.headers, raw.parse()))
@@ -137,7 +136,7 @@ def responses_run(compress_server, trajectory):
 
 def test_the_responses_api_gets_the_memory(responses_run):
     _memory_worked(responses_run, "responses", "responses-e2e")
-    assert all(r.object == "response" and r.status == "completed" for _, r in responses_run)
+    assert all(r.object == "response" and r.status in ("completed", "incomplete") for _, r in responses_run)
 
 
 def test_a_conversation_the_server_holds_continues_from_the_last_response(compress_server):

@@ -1,6 +1,7 @@
-"""A fuzzer of chat requests built from real trajectory requests, and the
-check every answer must pass: a 4xx in an error format, or a valid answer;
-never a 5xx. Shared by the end-to-end suite (``tests/e2e/test_fuzz_serve.py``)
+"""A fuzzer of requests to every managed route (``ROUTES``: chat completions,
+the Responses API, the Anthropic Messages API, ``/invocations``) built from
+real trajectory requests, and the check every answer must pass: a 4xx in an
+error format, or a valid answer; never a 5xx. Shared by the end-to-end suite (``tests/e2e/test_fuzz_serve.py``)
 and the long run (``benchmarks/adversarial.py``).
 
 A request is a real agent request (the shipped tau-bench and mini-swe
@@ -9,7 +10,10 @@ in about a second on a CPU) with a few mutations drawn from what hostile or
 careless clients send: bodies that are not JSON or nest deeply, messages of
 the wrong shape, broken tool protocols, lone surrogates, fields of the wrong
 type or range, odd session ids, policies and budgets, in the body or the
-headers. Valid requests ask for one or two tokens. ``FUZZ_SERVER_ARGS``: the
+headers; on the other routes the same mutated chat request in that API's
+shape where it still has one (else the mutated value as it is), plus that
+API's own fields (a ``previous_response_id`` never made, ``store``). Valid
+requests ask for one or two tokens. ``FUZZ_SERVER_ARGS``: the
 server both fuzz it (PaMER, an API key, a 2,048-token window).
 """
 
@@ -192,9 +196,47 @@ class FuzzedRequest:
         return f"FuzzedRequest({self.what}, headers={self.headers}, body={self.content[:300]!r}...)"
 
 
+ROUTES = {
+    "chat": "/v1/chat/completions",
+    "responses": "/v1/responses",
+    "messages": "/v1/messages",
+    "invocations": "/invocations",
+}
+"""The managed routes the fuzzer sends to, by the API they speak."""
+ANSWER_FIELD = {"chat": "choices", "responses": "output", "messages": "content", "invocations": "choices"}
+"""The field a valid answer of each route has."""
+
+
+def _as_api(body: dict[str, Any], api: str, draw) -> dict[str, Any]:
+    """The (maybe mutated) chat ``body`` in ``api``'s shape, where its
+    messages still convert; else the messages value as that API's field."""
+    from tests.support.anthropic_messages import to_anthropic
+    from vllm_pamer.server.responses import response_items
+
+    if api in ("chat", "invocations"):
+        return body
+    messages = body.pop("messages", None)
+    try:
+        if api == "responses":
+            instructions, converted = response_items(messages)
+            body.update(input=converted, instructions=instructions)
+        else:
+            system, converted = to_anthropic(messages)
+            body.update(messages=converted, system=system)
+    except Exception:  # a mutated shape no client of that API would send: it goes as it is
+        body["input" if api == "responses" else "messages"] = messages
+    if api == "responses":
+        body["max_output_tokens"] = body.pop("max_tokens", None)
+        if draw(st.integers(0, 5)) == 5:  # (integers lean to 0: the common case goes first)
+            body["previous_response_id"] = draw(st.sampled_from(["resp_never_made", "", "x" * 300]))
+        if draw(st.integers(0, 5)) == 5:
+            body["store"] = draw(st.sampled_from([False, True, "yes"]))
+    return body
+
+
 @st.composite
-def fuzzed_requests(draw, key: str | None = None) -> FuzzedRequest:
-    """One request: a real one, maybe mutated, as bytes with its headers."""
+def fuzzed_requests(draw, key: str | None = None, api: str = "chat") -> FuzzedRequest:
+    """One request to ``api``'s route: a real one, maybe mutated, as bytes with its headers."""
     messages = json.loads(json.dumps(draw(st.sampled_from(REQUESTS))))
     body: dict[str, Any] = {
         "model": DEFAULT_MODEL_NAME,
@@ -208,6 +250,7 @@ def fuzzed_requests(draw, key: str | None = None) -> FuzzedRequest:
         if mutation in WHOLE_BODY or (shaped and all(isinstance(m, dict) for m in body["messages"])):
             mutation(body, draw)  # (a message mutation needs messages that are still objects)
             what.append(mutation.__name__.strip("_"))
+    body = _as_api(body, api, draw)
     headers: dict[str, bytes] = {"content-type": b"application/json"}
     # (sampled_from leans to its first element, integers to 0: the common case goes first)
     if key is not None and draw(st.sampled_from([True] * 19 + [False])):  # mostly with the key
@@ -252,8 +295,8 @@ def fuzz_settings(examples: int, derandomize: bool = True) -> settings:
     )
 
 
-def check_answer(response: httpx.Response) -> None:
-    """A 4xx with an error object, or a 200 with an answer; never a 5xx."""
+def check_answer(response: httpx.Response, api: str = "chat") -> None:
+    """A 4xx with an error object, or a 200 with ``api``'s answer; never a 5xx."""
     assert response.status_code < 500, f"HTTP {response.status_code}: {response.text[:500]}"
     if response.status_code >= 400:
         error = response.json()["error"]
@@ -264,10 +307,11 @@ def check_answer(response: httpx.Response) -> None:
         for line in response.text.splitlines():
             if line.startswith("data: ") and line != "data: [DONE]":
                 chunk = json.loads(line[6:])
-                assert "error" not in chunk or chunk["error"].get("code", 400) < 500, line[:500]
+                error = chunk.get("error") if isinstance(chunk.get("error"), dict) else {}
+                assert error.get("code", 400) < 500, line[:500]
         return
-    assert response.json()["choices"], response.text[:500]
+    assert ANSWER_FIELD[api] in response.json(), response.text[:500]
 
 
-def send(client: httpx.Client, request: FuzzedRequest) -> httpx.Response:
-    return client.post("/v1/chat/completions", content=request.content, headers=request.headers)
+def send(client: httpx.Client, request: FuzzedRequest, api: str = "chat") -> httpx.Response:
+    return client.post(ROUTES[api], content=request.content, headers=request.headers)

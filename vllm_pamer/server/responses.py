@@ -11,7 +11,7 @@ Server-held conversations: a request with ``previous_response_id`` sends only
 its new items. vLLM keeps history only in memory, with
 ``VLLM_ENABLE_RESPONSES_API_STORE``, and once the memory rewrites a request it
 would keep the rewritten view, not the agent's history. So the plugin holds
-every completed answer (unless ``store`` is false) in its memory store
+every finished answer (unless ``store`` is false) in its memory store
 (``MemoryStore.hold_response``: what the request added and the output, keyed
 by the response id within the caller's tenant, filed under the session), reads
 the whole conversation back for a later turn, and sends vLLM a whole request.
@@ -157,6 +157,9 @@ def _chat_tool_choice(choice: Any) -> Any:
     return None
 
 
+HELD_STATUSES = ("completed", "incomplete")
+"""Answers a later turn may continue (``incomplete``: cut at ``max_output_tokens``)."""
+
 PASSED_TO_CHAT = ("model", "session_id", "vllm_xargs", "pamer_policy", "pamer_echo", "pamer_context_budget")
 """Fields of a Responses body the chat view keeps as they are."""
 
@@ -232,10 +235,10 @@ class ResponsesApi(ManagedApi):
         return answer
 
     async def _hold(self, answer: Any) -> None:
-        """Holds a completed answer with what its request added; a failure
+        """Holds a finished answer with what its request added; a failure
         is logged (the answer is sent; a later turn that continues it is
         answered by vLLM as sent)."""
-        if self.held_by is None or getattr(answer, "status", None) != "completed":
+        if self.held_by is None or getattr(answer, "status", None) not in HELD_STATUSES:
             return
         store, key = self.held_by
         name = self.session_name or answer.id  # a conversation without a session is its first answer's

@@ -87,7 +87,7 @@ async def invocations(raw_request: Request) -> Response:
     if isinstance(body.get("messages"), list):
         authorized(raw_request)
         mark_managed(raw_request.scope)
-        return await _serve(CHAT, body, raw_request=raw_request)
+        return await _serve(CHAT, raw_request, body)
     own = vllm_route(raw_request, "/invocations", "POST")
     if own is None:
         return CHAT.error(404, "this server serves only chat bodies on /invocations")
@@ -143,11 +143,11 @@ async def _managed(api: ManagedApi, raw_request: Request) -> Response:
         body = await read_body(raw_request, raw_request.app.state.pamer.settings.max_request_bytes)
     except InputError as exc:
         return api.error(exc.status, exc.message)
-    return await _serve(api, body, raw_request=raw_request)
+    return await _serve(api, raw_request, body)
 
 
-@with_cancellation
-async def _serve(api: ManagedApi, body: dict[str, Any], raw_request: Request) -> Response:
+@with_cancellation  # it takes its second argument for the request whose disconnect cancels
+async def _serve(api: ManagedApi, raw_request: Request, body: dict[str, Any]) -> Response:
     state: ServerState = raw_request.app.state.pamer
     handler = getattr(raw_request.app.state, api.handler, None)
     if handler is None:
