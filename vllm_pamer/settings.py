@@ -89,6 +89,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     proxy in front of the server (``server/access.py``). Unset: the request's
     API key is its tenant when the server has keys (``--api-key``), else every
     client is one tenant."""
+    session_headers: str | None = None
+    """Other request headers that name a session, comma-separated, read in
+    order after ``X-Session-ID`` (for a client or proxy that sends its own
+    conversation id header). Unset: ``X-Session-ID`` and the body's
+    ``session_id`` only."""
     max_request_bytes: int = 32 * 2**20
     """Largest chat request body the plugin reads; a larger one gets HTTP 413."""
     allowed_policies: str | None = None
@@ -150,6 +155,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             return msgspec.convert(values, cls, strict=False)
         except msgspec.ValidationError as exc:
             raise ValueError(f"bad PAMER_* setting: {exc}") from None
+
+    @property
+    def session_header_names(self) -> tuple[str, ...]:
+        """The headers that name a session, in the order they are read (lower case)."""
+        extra = [name.strip().lower() for name in (self.session_headers or "").split(",") if name.strip()]
+        return ("x-session-id", *[name for name in extra if name != "x-session-id"])
 
     def to_env(self) -> dict[str, str]:
         """The variables that carry these settings (unset fields are left out)."""

@@ -9,7 +9,7 @@ from starlette.datastructures import Headers
 
 from vllm_pamer.adapters.serving import key_check
 from vllm_pamer.server.access import Access, BadSessionId, Unauthorized, check_session_id, header_text
-from vllm_pamer.server.input import session_id_of
+from vllm_pamer.server.input import session_header, session_id_of
 from vllm_pamer.settings import Settings
 
 
@@ -64,6 +64,16 @@ def test_a_non_ascii_id_names_one_session_in_the_header_and_the_body():
     assert session_id_of(None, "") is None and session_id_of("", None) is None
     with pytest.raises(BadSessionId, match="UTF-8"):
         header_text(b"\xff\xfe".decode("latin-1"))
+
+
+def test_a_configured_header_names_the_session_after_x_session_id():
+    from vllm_pamer.settings import Settings
+
+    settings = Settings(session_headers="X-Conversation-Id, x-session-id ,")
+    assert settings.session_header_names == ("x-session-id", "x-conversation-id")
+    assert session_header({"x-conversation-id": "c1"}, settings) == "c1"
+    assert session_header({"x-conversation-id": "c1", "x-session-id": "s1"}, settings) == "s1"  # X-Session-ID first
+    assert session_header({"x-conversation-id": "c1"}, Settings()) is None  # not configured: not read
 
 
 def test_a_request_names_only_an_allowed_policy():

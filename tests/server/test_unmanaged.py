@@ -77,3 +77,15 @@ def test_a_route_that_manages_some_bodies_marks_them_and_only_the_others_get_the
     assert "x-pamer-memory" not in chat.headers
     assert completion.headers["x-pamer-memory"].startswith("not applied: /invocations")
     assert _count("/invocations") == before + 1
+
+
+def test_a_configured_session_header_gets_the_notice_too():
+    app = FastAPI()
+
+    @app.post("/v1/completions")
+    async def completions() -> dict:
+        return {"ok": True}
+
+    app.add_middleware(UnmanagedSessionNotice, managed=[], session_headers=["x-session-id", "x-conversation-id"])
+    answer = TestClient(app).post("/v1/completions", headers={"X-Conversation-Id": "c1"})
+    assert answer.headers["x-pamer-memory"].startswith("not applied: /v1/completions")

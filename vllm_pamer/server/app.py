@@ -43,7 +43,8 @@ class PamerEndpointPlugin:
         app.include_router(open_router)
         app.add_exception_handler(Unauthorized, _unauthorized)
         managed = [route.path for route in router.routes if isinstance(route, APIRoute) and "{" not in route.path]
-        app.add_middleware(UnmanagedSessionNotice, managed=managed)
+        headers = Settings.from_env().session_header_names
+        app.add_middleware(UnmanagedSessionNotice, managed=managed, session_headers=headers)
 
     async def init_state(self, engine_client: Any, state: Any, args: Namespace) -> None:
         if engine_client is None:

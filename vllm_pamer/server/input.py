@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,8 +23,8 @@ from vllm_pamer.server.output import PamerReport
 from vllm_pamer.server.sessions import SessionState
 from vllm_pamer.server.state import ServerState
 from vllm_pamer.server.tool_rounds import offered_tools
+from vllm_pamer.settings import Settings
 
-SESSION_HEADER = "x-session-id"
 POLICY_HEADER = "x-pamer-policy"
 ECHO_HEADER = "x-pamer-echo"
 BUDGET_HEADER = "x-pamer-context-budget"
@@ -119,7 +120,7 @@ async def read_chat(body: dict[str, Any], raw_request: Request, state: ServerSta
     except MalformedRequest as exc:
         raise InputError(str(exc)) from None
     try:
-        session_name = session_id_of(raw_request.headers.get(SESSION_HEADER), body.get("session_id"))
+        session_name = session_id_of(session_header(raw_request.headers, state.settings), body.get("session_id"))
         session_id = state.access.session_key(raw_request.headers, session_name) if session_name else None
     except BadSessionId as exc:
         raise InputError(str(exc)) from None
@@ -168,6 +169,14 @@ async def read_chat(body: dict[str, Any], raw_request: Request, state: ServerSta
         session_name=session_name,
         stored_session=stored,
     )
+
+
+def session_header(headers: Mapping[str, str], settings: Settings) -> str | None:
+    """The first header that names a session (``Settings.session_header_names``)."""
+    for name in settings.session_header_names:
+        if value := headers.get(name):
+            return value
+    return None
 
 
 def session_id_of(header: str | None, field: Any) -> str | None:

@@ -45,7 +45,7 @@ from vllm_pamer.core.fallback import Fallback
 from vllm_pamer.core.store import MemoryStore, StoreError
 from vllm_pamer.server.access import BadSessionId
 from vllm_pamer.server.apis import ManagedApi, PassThrough, UnreadableBody, chat_messages
-from vllm_pamer.server.input import SESSION_HEADER, InputError, session_id_of
+from vllm_pamer.server.input import InputError, session_header, session_id_of
 from vllm_pamer.server.output import ReportMaker
 
 logger = logging.getLogger("vllm_pamer.server")
@@ -195,7 +195,9 @@ class ResponsesApi(ManagedApi):
         lead = messages[:1] if request.instructions else []
         self.added = messages[len(lead) :]
         try:
-            self.session_name = session_id_of(raw_request.headers.get(SESSION_HEADER), body.get("session_id"))
+            self.session_name = session_id_of(
+                session_header(raw_request.headers, state.settings), body.get("session_id")
+            )
         except BadSessionId:
             self.session_name = None  # read_chat refuses it in its own words
         if request.previous_response_id:

@@ -23,7 +23,6 @@ Message = MutableMapping[str, Any]
 ASGIApp = Callable[[Scope, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Awaitable[None]]
 
 NOTICE_HEADER = b"x-pamer-memory"
-SESSION_HEADER = b"x-session-id"
 KNOWN_ROUTES = (
     "/v1/completions",
     "/v1/chat/completions/batch",
@@ -48,9 +47,12 @@ def mark_managed(scope: Scope) -> None:
 class UnmanagedSessionNotice:
     """Marks the answers of requests with a session id on unmanaged routes."""
 
-    def __init__(self, app: ASGIApp, managed: Iterable[str]) -> None:
+    def __init__(
+        self, app: ASGIApp, managed: Iterable[str], session_headers: Iterable[str] = ("x-session-id",)
+    ) -> None:
         self.app = app
         self.managed = frozenset(managed)
+        self.session_headers = frozenset(name.encode("latin-1") for name in session_headers)
         self.warned: set[str] = set()
 
     async def __call__(
@@ -60,7 +62,7 @@ class UnmanagedSessionNotice:
         if scope.get("type") != "http" or path in self.managed or path.startswith("/pamer/"):
             await self.app(scope, receive, send)
             return
-        if not any(name == SESSION_HEADER and value for name, value in scope.get("headers") or ()):
+        if not any(name in self.session_headers and value for name, value in scope.get("headers") or ()):
             await self.app(scope, receive, send)
             return
         route = path if path in KNOWN_ROUTES else "other"
