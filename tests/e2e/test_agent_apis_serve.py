@@ -12,8 +12,8 @@ import pytest
 from tests.support.anthropic_messages import to_anthropic
 from tests.support.serve import TRAJECTORY
 from vllm_pamer.core.blocks import protocol_issues
+from vllm_pamer.core.response_items import response_items
 from vllm_pamer.default_model import DEFAULT_MODEL_NAME
-from vllm_pamer.server.responses import response_items
 from vllm_pamer.trajectories import agent_requests, load_trajectories
 
 pytestmark = pytest.mark.e2e
@@ -252,3 +252,55 @@ def test_invocations_manages_chat_bodies_and_passes_the_others_to_vllm(compress_
     assert completion.status_code == 200, completion.text
     assert completion.json()["object"] == "text_completion" and "pamer" not in completion.json()
     assert completion.headers["x-pamer-memory"].startswith("not applied: /invocations")
+
+
+def test_a_held_conversation_survives_a_crash_of_the_server(compress_heads, tmp_path):
+    """The server is killed (SIGKILL) after two turns and started again on
+    the same SQLite store: the third turn continues from the second answer
+    with every earlier item, a function call and its output included."""
+    from tests.support.serve import start_pamer_server
+
+    # policy none: what the third turn sends is the held conversation, as it is
+    headers = {"X-Session-ID": "crash-e2e", "X-Pamer-Echo": "1", "X-Pamer-Policy": "none"}
+    store = tmp_path / "memory.sqlite3"
+    server = start_pamer_server(compress_heads, store, tmp_path / "first.log")
+    try:
+        client = openai_client(server)
+        first = client.responses.create(
+            model=DEFAULT_MODEL_NAME,
+            input=[
+                {"role": "user", "content": "Cancel H9ZU1C."},
+                {"type": "function_call", "call_id": "c1", "name": "get", "arguments": '{"id": "H9ZU1C"}'},
+                {"type": "function_call_output", "call_id": "c1", "output": "H9ZU1C: active, refundable"},
+            ],
+            max_output_tokens=8,
+            extra_headers=headers,
+        )
+        second = client.responses.create(
+            model=DEFAULT_MODEL_NAME,
+            previous_response_id=first.id,
+            input="Go ahead.",
+            max_output_tokens=8,
+            extra_headers=headers,
+        )
+    finally:
+        server.kill()
+    server = start_pamer_server(compress_heads, store, tmp_path / "second.log")
+    try:
+        third = openai_client(server).responses.create(
+            model=DEFAULT_MODEL_NAME,
+            previous_response_id=second.id,
+            input="Thanks.",
+            max_output_tokens=8,
+            extra_headers={"X-Pamer-Echo": "1", "X-Pamer-Policy": "none"},  # the session is the conversation's
+        )
+    finally:
+        server.stop()
+    report = third.model_extra["pamer"]
+    sent = report["messages_sent"]
+    assert report["session_id"] == "crash-e2e"
+    assert [m["content"] for m in sent if m["role"] == "user"] == ["Cancel H9ZU1C.", "Go ahead.", "Thanks."]
+    calls = [c["id"] for m in sent for c in m.get("tool_calls") or []]
+    outputs = [m for m in sent if m["role"] == "tool"]
+    assert calls == ["c1"] and outputs[0]["content"] == "H9ZU1C: active, refundable"
+    assert protocol_issues(sent) == []

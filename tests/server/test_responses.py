@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from tests.support.chat_strategies import conversations, join
 from vllm_pamer.adapters.serving import responses_chat_messages, responses_request
 from vllm_pamer.core.blocks import protocol_issues, split_conversation
-from vllm_pamer.server.responses import _chat_content, _chat_tools, response_items
+from vllm_pamer.core.response_items import response_items
+from vllm_pamer.server.responses import _chat_content, _chat_tools
 
 MEMORY = {"role": "user", "content": "[memory 1] The user wants reservation H9ZU1C cancelled."}
 

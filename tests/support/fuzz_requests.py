@@ -211,7 +211,7 @@ def _as_api(body: dict[str, Any], api: str, draw) -> dict[str, Any]:
     """The (maybe mutated) chat ``body`` in ``api``'s shape, where its
     messages still convert; else the messages value as that API's field."""
     from tests.support.anthropic_messages import to_anthropic
-    from vllm_pamer.server.responses import response_items
+    from vllm_pamer.core.response_items import response_items
 
     if api in ("chat", "invocations"):
         return body

@@ -122,6 +122,13 @@ def _parser() -> argparse.ArgumentParser:
         help="after each policy's run, score each answered request's recorded next action given what the policy "
         "sent (teacher forced through the server's prompt log-probabilities; a full prefill a request)",
     )
+    parser.add_argument(
+        "--api",
+        choices=("chat", "responses"),
+        default="chat",
+        help="the API the steps are sent through: chat completions, or the Responses API (the whole history as "
+        "input items each step)",
+    )
     parser.add_argument("--no-progress", action="store_true")
 
     own = parser.add_argument_group("its own server (--serve)")
@@ -177,6 +184,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--stop-after-min, --rerun, --report-only and --against need --group-size")
     if not args.serve and any(getattr(args, name) is not None for name in SERVE_ONLY):
         parser.error("--heads, --kv-cache-gib and --kv-cache-blocks need --serve")
+    if args.likelihood and args.api != "chat":
+        parser.error("--likelihood scores through chat completions: replay with --api chat")
 
     from tqdm import tqdm
 
@@ -210,6 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         reset_prefix_cache=args.reset_prefix_cache,
         context_budget=budgets,
         likelihood=args.likelihood,
+        api=args.api,
     )
     plans = plan_replay(tqdm(trajectories, desc="evidence", unit="traj", disable=args.no_progress), args.max_steps)
     if args.group_size is not None:

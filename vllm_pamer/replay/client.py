@@ -29,7 +29,7 @@ import httpx
 import msgspec
 
 from vllm_pamer.core.blocks import Message
-from vllm_pamer.replay import prometheus
+from vllm_pamer.replay import prometheus, wire
 from vllm_pamer.replay.evidence import (
     Kind,
     available_count,
@@ -116,6 +116,8 @@ class ReplaySettings:
     """Per trajectory kind (``tau``, ``swe``), the context budget every request
     of that kind sets (``X-Pamer-Context-Budget``), so every policy with a
     budget runs at the same one; None: each policy's own."""
+    api: wire.Api = "chat"
+    """The API the steps are sent through (``wire.py``)."""
     likelihood: bool = False
     """After a policy's run (its metrics already read), score each answered
     request's recorded next action given what the policy sent
@@ -208,15 +210,8 @@ async def send_step(
     """One request; errors become records (a prompt over the window is
     ``beyond_window``). ``keep``: where an answered request is kept for the
     likelihood pass."""
-    body: dict[str, Any] = {
-        "model": model,
-        "messages": step.history,
-        "max_tokens": settings.max_tokens,
-        "temperature": 0,
-    }
-    if plan.tools:
-        body["tools"] = plan.tools
-    if keep is not None:
+    body = wire.request_body(settings.api, model, step.history, plan.tools, settings.max_tokens)
+    if keep is not None and settings.api == "chat":  # (the likelihood pass speaks chat completions)
         body["return_token_ids"] = True  # the likelihood pass checks its prompt starts with these
     headers = {"X-Session-ID": session_id, "X-Pamer-Policy": policy, "X-Pamer-Echo": "1"}
     if settings.context_budget and plan.kind in settings.context_budget:
@@ -238,7 +233,7 @@ async def send_step(
     started = time.perf_counter()
     try:
         response = await client.post(
-            settings.url.rstrip("/") + "/v1/chat/completions", json=body, headers=headers, timeout=settings.timeout_s
+            settings.url.rstrip("/") + wire.ROUTES[settings.api], json=body, headers=headers, timeout=settings.timeout_s
         )
     except httpx.HTTPError as exc:
         record.latency_s = time.perf_counter() - started
@@ -254,14 +249,11 @@ async def send_step(
     data = response.json()
     pamer = dict(data.get("pamer") or {})
     sent = pamer.pop("messages_sent", None)
-    usage = data.get("usage") or {}
     record.pamer = pamer
     record.prompt_tokens_in = pamer.get("prompt_tokens_in")
     record.prompt_tokens_out = pamer.get("prompt_tokens_out")
-    record.usage_prompt_tokens = usage.get("prompt_tokens")
-    record.usage_completion_tokens = usage.get("completion_tokens")
-    record.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
-    message = (data.get("choices") or [{}])[0].get("message") or {}
+    record.usage_prompt_tokens, record.usage_completion_tokens, record.cached_tokens = wire.usage_of(settings.api, data)
+    message = wire.answer_message(settings.api, data)
     record.action_tool, record.action_arguments, record.action_text, record.action_values = model_action(message)
     if sent is not None:
         record.available = available_count(step.needed, evidence_messages(sent, step.history, plan.kind))
