@@ -89,7 +89,7 @@ def run(coro):
 
 def _assert_fallback(outcome, rule: str, original: list, snapshot: list):
     assert outcome.action == f"fallback:{rule}"
-    assert outcome.is_fallback
+    assert outcome.fallback_rule is not None
     assert same_objects(outcome.messages, original)
     assert original == snapshot  # the input was not mutated
 
@@ -99,7 +99,9 @@ def test_pipeline_without_session_id_falls_back(session_id):
     messages = join(*mixed_conversation(5))
     snapshot = copy.deepcopy(messages)
     # test_raises would fail if it were called: the rule must fire first
-    outcome = run(rewrite_request(messages, session_id, create_policy("test_raises")))
+    outcome = run(
+        rewrite_request(create_policy("test_raises"), PolicyRequest(messages=messages, session_id=session_id))
+    )
     _assert_fallback(outcome, "missing_session_id", messages, snapshot)
 
 
@@ -107,7 +109,9 @@ def test_pipeline_with_orphan_tool_result_falls_back():
     prefix, parts = mixed_conversation(5)
     messages = prefix + [{"role": "tool", "tool_call_id": "c0a", "content": "early"}] + join([], parts)
     snapshot = copy.deepcopy(messages)
-    outcome = run(rewrite_request(messages, "s1", create_policy("recent_k", {"k": 1})))
+    outcome = run(
+        rewrite_request(create_policy("recent_k", {"k": 1}), PolicyRequest(messages=messages, session_id="s1"))
+    )
     _assert_fallback(outcome, "unsafe_tool_protocol", messages, snapshot)
     assert "orphan_tool_result" in outcome.detail
 
@@ -115,7 +119,7 @@ def test_pipeline_with_orphan_tool_result_falls_back():
 def test_pipeline_policy_error_falls_back():
     messages = join(*mixed_conversation(5))
     snapshot = copy.deepcopy(messages)
-    outcome = run(rewrite_request(messages, "s1", create_policy("test_raises")))
+    outcome = run(rewrite_request(create_policy("test_raises"), PolicyRequest(messages=messages, session_id="s1")))
     _assert_fallback(outcome, "policy_error", messages, snapshot)
     assert "RuntimeError" in outcome.detail and "boom" in outcome.detail
 
@@ -123,14 +127,16 @@ def test_pipeline_policy_error_falls_back():
 def test_pipeline_protocol_breaking_rewrite_falls_back():
     messages = join(*mixed_conversation(5))
     snapshot = copy.deepcopy(messages)
-    outcome = run(rewrite_request(messages, "s1", create_policy("test_drops_tool_result")))
+    outcome = run(
+        rewrite_request(create_policy("test_drops_tool_result"), PolicyRequest(messages=messages, session_id="s1"))
+    )
     _assert_fallback(outcome, "invalid_rewrite", messages, snapshot)
 
 
 def test_pipeline_empty_rewrite_falls_back():
     messages = join(*mixed_conversation(3))
     snapshot = copy.deepcopy(messages)
-    outcome = run(rewrite_request(messages, "s1", create_policy("test_empty")))
+    outcome = run(rewrite_request(create_policy("test_empty"), PolicyRequest(messages=messages, session_id="s1")))
     _assert_fallback(outcome, "invalid_rewrite", messages, snapshot)
     assert outcome.detail == "empty result"
 
@@ -138,7 +144,9 @@ def test_pipeline_empty_rewrite_falls_back():
 def test_pipeline_passes_a_policy_fallback_through_with_original_messages():
     messages = join(*mixed_conversation(3))
     snapshot = copy.deepcopy(messages)
-    outcome = run(rewrite_request(messages, "s1", create_policy("test_self_fallback")))
+    outcome = run(
+        rewrite_request(create_policy("test_self_fallback"), PolicyRequest(messages=messages, session_id="s1"))
+    )
     _assert_fallback(outcome, "summary_failure", messages, snapshot)
     assert outcome.detail == "summary failed"
 
@@ -147,8 +155,12 @@ def test_pipeline_hands_session_and_vote_to_the_policy():
     messages = join(*mixed_conversation(3))
     vote = HeadVote(head_logits=(0.1, -0.2, 0.3, 0.4, -0.5), votes=3, compress_vote=True)
     _Records.seen.clear()
-    outcome = run(rewrite_request(messages, "sess-9", create_policy("test_records"), vote))
-    assert outcome.action == "none" and not outcome.is_fallback
+    outcome = run(
+        rewrite_request(
+            create_policy("test_records"), PolicyRequest(messages=messages, session_id="sess-9", previous_vote=vote)
+        )
+    )
+    assert outcome.action == "none" and outcome.fallback_rule is None
     assert len(_Records.seen) == 1
     request = _Records.seen[0]
     assert request.session_id == "sess-9"
@@ -159,8 +171,10 @@ def test_pipeline_hands_session_and_vote_to_the_policy():
 def test_pipeline_recent_k_rewrites():
     prefix, parts = mixed_conversation(5)
     messages = join(prefix, parts)
-    outcome = run(rewrite_request(messages, "s1", create_policy("recent_k", {"k": 2})))
-    assert outcome.action == "rewritten" and not outcome.is_fallback
+    outcome = run(
+        rewrite_request(create_policy("recent_k", {"k": 2}), PolicyRequest(messages=messages, session_id="s1"))
+    )
+    assert outcome.action == "rewritten" and outcome.fallback_rule is None
     assert same_objects(outcome.messages, prefix + parts[-2] + parts[-1])
 
 
@@ -168,8 +182,10 @@ def test_pipeline_recent_k_rewrites():
 def test_pipeline_recent_k_output_is_protocol_safe(conv, k):
     prefix, parts = conv
     messages = join(prefix, parts)
-    outcome = run(rewrite_request(messages, "s1", create_policy("recent_k", {"k": k})))
-    assert not outcome.is_fallback
+    outcome = run(
+        rewrite_request(create_policy("recent_k", {"k": k}), PolicyRequest(messages=messages, session_id="s1"))
+    )
+    assert outcome.fallback_rule is None
     assert protocol_issues(outcome.messages) == []
     assert same_objects(outcome.messages[: len(prefix)], prefix)
     assert outcome.action == ("rewritten" if len(parts) > k else "none")
@@ -215,10 +231,12 @@ def test_every_policy_keeps_protocol_and_prefix(shared_store, name, conv, votes)
         for n in range(len(parts) + 1):
             messages = join(prefix, parts[:n])
             snapshot = copy.deepcopy(messages)
-            outcome = await rewrite_request(messages, session, policy, votes[n], context)
+            outcome = await rewrite_request(
+                policy, PolicyRequest(messages=messages, session_id=session, previous_vote=votes[n], context=context)
+            )
             assert protocol_issues(outcome.messages) == []
             assert outcome.messages[: len(prefix)] == prefix
-            if outcome.is_fallback:
+            if outcome.fallback_rule is not None:
                 assert outcome.messages == messages
             assert messages == snapshot
 

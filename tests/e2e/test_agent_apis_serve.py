@@ -2,15 +2,24 @@
 through the clients agents use, against a real ``vllm-pamer serve`` of the
 default model: the Anthropic Messages API through the ``anthropic`` SDK and
 the Responses API through the ``openai`` SDK (whole answers, streams, and
-conversations the server holds for ``previous_response_id``), on a shipped
-trajectory with a small context budget."""
+conversations the server holds for ``previous_response_id``), and the chat
+and Responses bodies of SageMaker's ``/invocations``, on a shipped trajectory
+with a small context budget."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 
 from tests.support.anthropic_messages import to_anthropic
-from tests.support.serve import TRAJECTORY
+from tests.support.serve import (
+    TRAJECTORY,
+    assert_whole_conversation,
+    start_pamer_server,
+    third_held_turn,
+    two_held_turns,
+)
 from vllm_pamer.core.blocks import protocol_issues
 from vllm_pamer.core.response_items import response_items
 from vllm_pamer.default_model import DEFAULT_MODEL_NAME
@@ -227,22 +236,47 @@ def test_a_malformed_responses_request_is_refused_before_any_memory_operation(co
     assert session.status_code == 404
 
 
-def test_invocations_manages_chat_bodies_and_passes_the_others_to_vllm(compress_server, trajectory):
-    """SageMaker's ``/invocations``: a chat body gets the memory (the session
-    in the body, as SageMaker clients send it); a completion body is served
-    by vLLM as sent, and says the memory was not applied."""
+@pytest.fixture(scope="module")
+def invocations_run(compress_server, trajectory):
+    """The trajectory's first requests as chat bodies on ``/invocations``,
+    the session in the body (SageMaker passes no custom header)."""
+    import httpx
+
+    out = []
+    for _, history in list(agent_requests(trajectory["messages"]))[:STEPS]:
+        body = {"model": DEFAULT_MODEL_NAME, "messages": history, "max_tokens": 8, "session_id": "invocations-e2e"}
+        body.update(pamer_policy="pamer_budget", pamer_echo=True)
+        response = httpx.post(f"{compress_server.base_url}/invocations", json=body, timeout=300)
+        assert response.status_code == 200, response.text
+        out.append((response.headers, SimpleNamespace(model_extra=response.json())))
+    return out
+
+
+def test_invocations_manages_chat_bodies(invocations_run):
+    _memory_worked(invocations_run, "chat", "invocations-e2e")
+    assert all("x-pamer-memory" not in headers for headers, _ in invocations_run)
+
+
+def test_invocations_manages_responses_bodies_and_passes_the_others_to_vllm(compress_server, trajectory):
+    """A Responses body on ``/invocations`` gets the memory as on
+    ``/v1/responses``; a completion body is served by vLLM as sent, and says
+    the memory was not applied."""
     import httpx
 
     history = next(h for step, (_, h) in enumerate(agent_requests(trajectory["messages"])) if step == 3)
+    instructions, items = response_items(history)
     url = f"{compress_server.base_url}/invocations"
-    chat = httpx.post(
+    response = httpx.post(
         url,
-        json={"model": DEFAULT_MODEL_NAME, "messages": history, "max_tokens": 8, "session_id": "invocations-e2e"},
+        json={"model": DEFAULT_MODEL_NAME, "instructions": instructions, "input": items, "max_output_tokens": 8},
+        headers={"X-Session-ID": "invocations-responses-e2e", "X-Pamer-Echo": "1"},
         timeout=300,
     )
-    assert chat.status_code == 200, chat.text
-    assert chat.json()["pamer"]["session_id"] == "invocations-e2e" and chat.json()["pamer"]["api"] == "chat"
-    assert "x-pamer-memory" not in chat.headers
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert answer["object"] == "response" and answer["pamer"]["api"] == "responses"
+    assert answer["pamer"]["session_id"] == "invocations-responses-e2e"
+    assert protocol_issues(answer["pamer"]["messages_sent"]) == []
     completion = httpx.post(
         url,
         json={"model": DEFAULT_MODEL_NAME, "prompt": "Hello", "max_tokens": 4},
@@ -258,49 +292,15 @@ def test_a_held_conversation_survives_a_crash_of_the_server(compress_heads, tmp_
     """The server is killed (SIGKILL) after two turns and started again on
     the same SQLite store: the third turn continues from the second answer
     with every earlier item, a function call and its output included."""
-    from tests.support.serve import start_pamer_server
-
-    # policy none: what the third turn sends is the held conversation, as it is
-    headers = {"X-Session-ID": "crash-e2e", "X-Pamer-Echo": "1", "X-Pamer-Policy": "none"}
     store = tmp_path / "memory.sqlite3"
     server = start_pamer_server(compress_heads, store, tmp_path / "first.log")
     try:
-        client = openai_client(server)
-        first = client.responses.create(
-            model=DEFAULT_MODEL_NAME,
-            input=[
-                {"role": "user", "content": "Cancel H9ZU1C."},
-                {"type": "function_call", "call_id": "c1", "name": "get", "arguments": '{"id": "H9ZU1C"}'},
-                {"type": "function_call_output", "call_id": "c1", "output": "H9ZU1C: active, refundable"},
-            ],
-            max_output_tokens=8,
-            extra_headers=headers,
-        )
-        second = client.responses.create(
-            model=DEFAULT_MODEL_NAME,
-            previous_response_id=first.id,
-            input="Go ahead.",
-            max_output_tokens=8,
-            extra_headers=headers,
-        )
+        _, second = two_held_turns(openai_client(server))
     finally:
         server.kill()
     server = start_pamer_server(compress_heads, store, tmp_path / "second.log")
-    try:
-        third = openai_client(server).responses.create(
-            model=DEFAULT_MODEL_NAME,
-            previous_response_id=second.id,
-            input="Thanks.",
-            max_output_tokens=8,
-            extra_headers={"X-Pamer-Echo": "1", "X-Pamer-Policy": "none"},  # the session is the conversation's
-        )
+    try:  # no session named: the session is the conversation's
+        third = third_held_turn(openai_client(server), second, {"X-Pamer-Echo": "1", "X-Pamer-Policy": "none"})
     finally:
         server.stop()
-    report = third.model_extra["pamer"]
-    sent = report["messages_sent"]
-    assert report["session_id"] == "crash-e2e"
-    assert [m["content"] for m in sent if m["role"] == "user"] == ["Cancel H9ZU1C.", "Go ahead.", "Thanks."]
-    calls = [c["id"] for m in sent for c in m.get("tool_calls") or []]
-    outputs = [m for m in sent if m["role"] == "tool"]
-    assert calls == ["c1"] and outputs[0]["content"] == "H9ZU1C: active, refundable"
-    assert protocol_issues(sent) == []
+    assert_whole_conversation(third)

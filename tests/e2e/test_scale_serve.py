@@ -1,18 +1,28 @@
 """vLLM's ways to scale, end to end: several API-server processes, data and
 tensor parallel engines (a tiny random Llama), and replicas behind vLLM's
-router sharing a PostgreSQL store, one of which dies mid-trajectory. The
+router sharing a PostgreSQL store, one of which dies mid-trajectory (a chat
+session, and a Responses conversation the plugin holds). The
 scenarios: ``tests/support/scale.py`` (``benchmarks/scale.py`` prints their figures)."""
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from tests.support.fakes import blocking
 from tests.support.scale import min_cosine, run_failover, run_mode, user_turns
-from tests.support.serve import chat, client_for, start_pamer_server
+from tests.support.serve import (
+    assert_whole_conversation,
+    chat,
+    client_for,
+    start_pamer_server,
+    third_held_turn,
+    two_held_turns,
+)
 from tests.support.tiny_models import build_tiny_model
+from vllm_pamer.server_process import RouterProcess, free_port
 from vllm_pamer.stores import open_store
 from vllm_pamer.trajectories import agent_requests, load_trajectories
 
@@ -89,3 +99,43 @@ def test_a_session_survives_the_loss_of_its_replica(compress_heads, pg_cluster, 
     assert len(result.served_after) == 1 and result.served_after != result.served_before
     assert result.lost == 0 and result.blocks_archived_twice == 0 and result.raw_blocks_missing == 0
     assert result.recalled_after > 0, "recall works on the new replica"
+
+
+def test_a_held_conversation_survives_the_loss_of_its_replica(compress_heads, pg_cluster, tmp_path):
+    """Two replicas behind vLLM's router share a PostgreSQL store. Two turns
+    of a Responses conversation (a function call and its output in the
+    first) go through the router to the session's replica, which is then
+    killed; the third turn continues from the second answer on the other
+    replica with every earlier item, and the held answer is read back there."""
+    import httpx
+    import openai
+
+    store_url = pg_cluster.new_database()
+    replicas = [
+        start_pamer_server(compress_heads, store_url, tmp_path / f"replica-{i}.log", port=free_port()) for i in range(2)
+    ]
+    router = RouterProcess([r.base_url for r in replicas], tmp_path / "router.log")
+    try:
+        router.wait_ready()
+        client = openai.OpenAI(base_url=f"{router.base_url}/v1", api_key="unused", max_retries=0, timeout=300)
+        first, second = two_held_turns(client)
+        served = {first.model_extra["pamer"]["api_process"], second.model_extra["pamer"]["api_process"]}
+        [killed] = [r for r in replicas if r.proc.pid in served]
+        killed.kill()
+        deadline = time.monotonic() + 180
+        while True:  # the agent's retry: the router moves the session within seconds
+            try:
+                third = third_held_turn(client, second)
+                break
+            except openai.APIError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(2)
+        held = httpx.get(f"{router.base_url}/v1/responses/{second.id}", timeout=60)
+    finally:
+        router.stop()
+        for replica in replicas:
+            replica.stop()
+    assert len(served) == 1 and third.model_extra["pamer"]["api_process"] not in served
+    assert_whole_conversation(third)
+    assert held.status_code == 200 and held.json()["id"] == second.id

@@ -22,7 +22,7 @@ from tests.support.fakes import COMPRESS, FakeEngine, blocking, conversation
 from tests.support.stores import BLOCKS, VECTOR, commit
 from vllm_pamer.core.blocks import split_conversation
 from vllm_pamer.core.pipeline import rewrite_request
-from vllm_pamer.core.policies import PolicyContext, create_policy
+from vllm_pamer.core.policies import PolicyContext, PolicyRequest, create_policy
 from vllm_pamer.core.store import StoreError, StoreLimits
 from vllm_pamer.stores.sqlite import SqliteStore
 
@@ -122,7 +122,11 @@ def test_a_refused_commit_sends_the_original_request(make_store):
     messages = conversation(8)
     policy = create_policy("pamer", {"schedule": "paper"})
     context = PolicyContext(store, FakeEngine())
-    outcome = asyncio.run(rewrite_request(messages, "s1", policy, COMPRESS, context))
+    outcome = asyncio.run(
+        rewrite_request(
+            policy, PolicyRequest(messages=messages, session_id="s1", previous_vote=COMPRESS, context=context)
+        )
+    )
     assert outcome.action == "fallback:storage_failure" and "session_memories" in outcome.detail
     assert outcome.messages == messages
 
@@ -142,7 +146,14 @@ def test_a_failure_mid_transaction_leaves_no_memory(make_store):
     fail_raw_block_inserts(store)
     messages = conversation(8)
     policy = create_policy("pamer", {"schedule": "paper"})
-    outcome = asyncio.run(rewrite_request(messages, "s1", policy, COMPRESS, PolicyContext(store, FakeEngine())))
+    outcome = asyncio.run(
+        rewrite_request(
+            policy,
+            PolicyRequest(
+                messages=messages, session_id="s1", previous_vote=COMPRESS, context=PolicyContext(store, FakeEngine())
+            ),
+        )
+    )
     assert outcome.action == "fallback:storage_failure" and "disk full" in outcome.detail
     assert outcome.messages == messages
     assert store._execute("SELECT COUNT(*) FROM memories").fetchone()[0] == 0

@@ -12,7 +12,7 @@ import pytest
 from tests.support.fakes import COMPRESS, FakeEngine, blocking, conversation
 from tests.support.stores import BLOCKS, commit
 from vllm_pamer.core.pipeline import rewrite_request
-from vllm_pamer.core.policies import PolicyContext, create_policy
+from vllm_pamer.core.policies import PolicyContext, PolicyRequest, create_policy
 from vllm_pamer.stores.sqlite import SqliteStore
 
 
@@ -22,7 +22,17 @@ def test_corrupt_database_file_starts_empty(tmp_path):
     store = SqliteStore(path)
     assert store.reset_events and list(tmp_path.glob("memory.sqlite3.corrupt-*"))
     policy = create_policy("pamer", {"schedule": "paper"})  # the emptied store takes a compression
-    outcome = asyncio.run(rewrite_request(conversation(8), "s1", policy, COMPRESS, PolicyContext(store, FakeEngine())))
+    outcome = asyncio.run(
+        rewrite_request(
+            policy,
+            PolicyRequest(
+                messages=conversation(8),
+                session_id="s1",
+                previous_vote=COMPRESS,
+                context=PolicyContext(store, FakeEngine()),
+            ),
+        )
+    )
     assert outcome.action == "compressed"
 
 

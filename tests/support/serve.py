@@ -96,3 +96,59 @@ def client_for(server):
     from openai import OpenAI
 
     return OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+HELD_HEADERS = {"X-Session-ID": "held-e2e", "X-Pamer-Echo": "1", "X-Pamer-Policy": "none"}
+"""A held conversation's turns: policy none, so what a later turn sends is the held conversation as it is."""
+
+
+def two_held_turns(client):
+    """Two turns of a Responses conversation the server holds (a function
+    call and its output in the first); returns both answers."""
+    from vllm_pamer.default_model import DEFAULT_MODEL_NAME
+
+    first = client.responses.create(
+        model=DEFAULT_MODEL_NAME,
+        input=[
+            {"role": "user", "content": "Cancel H9ZU1C."},
+            {"type": "function_call", "call_id": "c1", "name": "get", "arguments": '{"id": "H9ZU1C"}'},
+            {"type": "function_call_output", "call_id": "c1", "output": "H9ZU1C: active, refundable"},
+        ],
+        max_output_tokens=8,
+        extra_headers=HELD_HEADERS,
+    )
+    second = client.responses.create(
+        model=DEFAULT_MODEL_NAME,
+        previous_response_id=first.id,
+        input="Go ahead.",
+        max_output_tokens=8,
+        extra_headers=HELD_HEADERS,
+    )
+    return first, second
+
+
+def third_held_turn(client, second, headers=HELD_HEADERS):
+    """The turn after ``two_held_turns``, continuing from its second answer."""
+    from vllm_pamer.default_model import DEFAULT_MODEL_NAME
+
+    return client.responses.create(
+        model=DEFAULT_MODEL_NAME,
+        previous_response_id=second.id,
+        input="Thanks.",
+        max_output_tokens=8,
+        extra_headers=headers,
+    )
+
+
+def assert_whole_conversation(third):
+    """The third turn read every earlier item of the held conversation: the
+    user turns, the function call and its output, the protocol whole."""
+    from vllm_pamer.core.blocks import protocol_issues
+
+    report = third.model_extra["pamer"]
+    sent = report["messages_sent"]
+    assert report["session_id"] == HELD_HEADERS["X-Session-ID"] and report["action"] == "none"
+    assert [m["content"] for m in sent if m["role"] == "user"] == ["Cancel H9ZU1C.", "Go ahead.", "Thanks."]
+    assert [c["id"] for m in sent for c in m.get("tool_calls") or []] == ["c1"]
+    assert [m["content"] for m in sent if m["role"] == "tool"] == ["H9ZU1C: active, refundable"]
+    assert protocol_issues(sent) == []

@@ -31,7 +31,7 @@ import numpy as np
 
 from vllm_pamer.core.blocks import Message
 from vllm_pamer.core.pipeline import rewrite_request
-from vllm_pamer.core.policies import HeadVote, PolicyContext, create_policy
+from vllm_pamer.core.policies import HeadVote, PolicyContext, PolicyRequest, create_policy
 from vllm_pamer.core.policies.pamer.budget_schedule import BudgetSchedule
 from vllm_pamer.core.tokens import TokenCounter
 from vllm_pamer.replay.evidence import (
@@ -179,13 +179,15 @@ def simulate(
                     vote = COMPRESS if votes.random() < settings.vote_p else KEEP
                     out = asyncio.run(
                         rewrite_request(
-                            history,
-                            f"{trajectory['id']}@{id(trajectory)}",
                             policy,
-                            vote,
-                            context,
-                            prompt_tokens=counter.request(history),
-                            context_budget=settings.context_budget,
+                            PolicyRequest(
+                                messages=history,
+                                session_id=f"{trajectory['id']}@{id(trajectory)}",
+                                previous_vote=vote,
+                                context=context,
+                                prompt_tokens=counter.request(history),
+                                context_budget=settings.context_budget,
+                            ),
                         )
                     )
                     compactions += out.action == "compressed"

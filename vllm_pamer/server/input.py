@@ -16,8 +16,7 @@ from fastapi import Request
 from vllm_pamer.adapters.serving import REQUEST_ERRORS, ChatCompletionRequest, template_tools, validate_chat_request
 from vllm_pamer.channel import CAPTURE_KEY, SESSION_KEY
 from vllm_pamer.core.blocks import MalformedRequest, Message, check_message_shape
-from vllm_pamer.core.pipeline import RewriteOutcome
-from vllm_pamer.core.policies import MemoryPolicy, UnknownPolicy
+from vllm_pamer.core.policies import MemoryPolicy, PolicyDecision, PolicyRequest, UnknownPolicy
 from vllm_pamer.server.access import BadSessionId, PolicyRefused, check_session_id, header_text
 from vllm_pamer.server.output import PamerReport
 from vllm_pamer.server.sessions import SessionState
@@ -45,26 +44,22 @@ class InputError(Exception):
 
 @dataclass
 class ChatInput:
-    """One client request, checked."""
+    """One client request, checked: what the rewrite reads (``request``) and
+    what the route needs around it."""
 
     body: dict[str, Any]
     """The body without the plugin's own fields (``pamer_policy``, ``pamer_echo``)."""
-    messages: list[Message]
-    session_id: str | None
-    """The session's key (``server/access.py``: the id within the caller's tenant)."""
+    request: PolicyRequest
+    """The request as the pipeline reads it: the messages, the session's key
+    (``server/access.py``: the id within the caller's tenant; empty: none
+    named), the tools as the template renders them, the prompt tokens as
+    received, the context budget and answer length it asks for. The route adds
+    what the server remembers of the session."""
     policy: MemoryPolicy
     echo: bool
     template_kwargs: dict[str, Any] | None
-    tools_in: list[dict] | None
-    """The received request's tools as the template renders them."""
-    prompt_tokens_in: int | None
-    """Prompt tokens as received (messages and the tools the template renders)."""
     xargs: dict[str, Any] = field(default_factory=dict)
     """The client's own ``vllm_xargs``."""
-    context_budget: int | None = None
-    """The request's own context budget (``X-Pamer-Context-Budget``)."""
-    answer_tokens: int | None = None
-    """The answer's length the request asks for (``max_completion_tokens``, else ``max_tokens``)."""
     exclude_tools: bool = False
     """The server runs with ``--exclude-tools-when-tool-choice-none``."""
     own_tools: list[dict] = field(default_factory=list)
@@ -153,18 +148,21 @@ async def read_chat(body: dict[str, Any], raw_request: Request, state: ServerSta
         prompt_tokens_in = await asyncio.to_thread(
             state.prompt_tokens, state.render(messages), received.chat_template_kwargs, tools_in
         )
+    request = PolicyRequest(
+        messages=messages,
+        session_id=session_id or "",
+        tools=tools_in,
+        prompt_tokens=prompt_tokens_in,
+        context_budget=context_budget,
+        answer_tokens=received.max_completion_tokens or received.max_tokens,
+    )
     return ChatInput(
         body,
-        messages,
-        session_id,
+        request,
         policy,
         echo,
         received.chat_template_kwargs,
-        tools_in,
-        prompt_tokens_in,
         xargs=dict(xargs),
-        context_budget=context_budget,
-        answer_tokens=received.max_completion_tokens or received.max_tokens,
         exclude_tools=exclude_tools,
         session_name=session_name,
         stored_session=stored,
@@ -200,7 +198,7 @@ def context_budget_of(header: str | None, field: Any) -> int | None:
 
 
 def outgoing(
-    chat: ChatInput, outcome: RewriteOutcome, state: ServerState, report: PamerReport, own_tools: bool = True
+    chat: ChatInput, outcome: PolicyDecision, state: ServerState, report: PamerReport, own_tools: bool = True
 ) -> tuple[ChatCompletionRequest, str]:
     """The request vLLM serves: the rewritten messages rendered for the
     template, the policy's own tools where they can be answered (``own_tools``:
@@ -216,7 +214,7 @@ def outgoing(
     if chat.own_tools:
         body["tools"] = list(client_tools) + chat.own_tools
     capture_key = state.inbox.new_key()
-    body["vllm_xargs"] = {**chat.xargs, CAPTURE_KEY: capture_key, SESSION_KEY: chat.session_id or ""}
+    body["vllm_xargs"] = {**chat.xargs, CAPTURE_KEY: capture_key, SESSION_KEY: chat.request.session_id}
     body["messages"] = state.render(outcome.messages)
     try:
         return validate_chat_request(body), capture_key

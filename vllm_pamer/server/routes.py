@@ -1,7 +1,7 @@
 """The routes the plugin adds to vLLM's API server.
 
 ``POST /v1/chat/completions``, ``POST /v1/responses``, ``POST
-/v1/messages`` and the chat bodies of ``POST /invocations`` (replacing vLLM's
+/v1/messages`` and the chat and Responses bodies of ``POST /invocations`` (replacing vLLM's
 own; each API's differences are ``apis.py``'s and ``responses.py``'s), per
 request:
 1. input (``input.py``): parse and check the body as vLLM would (HTTP 400
@@ -78,20 +78,34 @@ async def responses(raw_request: Request) -> Response:
 @open_router.post("/invocations")
 async def invocations(raw_request: Request) -> Response:
     """SageMaker's route, where vLLM serves chat and completion bodies: a chat
-    body is managed as on chat completions (a key needed where the server has
-    keys, as there); any other body goes to vLLM's own handler as sent."""
+    body is managed as on chat completions, a Responses body (``input``, no
+    ``prompt``) as on ``/v1/responses`` (vLLM 0.32 serves none there; a
+    generating model's server does here), a key needed for both where the
+    server has keys; any other body goes to vLLM's own handler as sent."""
     try:
         body = await read_body(raw_request, raw_request.app.state.pamer.settings.max_request_bytes)
     except InputError as exc:
         return CHAT.error(exc.status, exc.message)
-    if isinstance(body.get("messages"), list):
+    api = invocation_api(raw_request, body)
+    if api is not None:
         authorized(raw_request)
         mark_managed(raw_request.scope)
-        return await _serve(CHAT, raw_request, body)
+        return await _serve(api, raw_request, body)
     own = vllm_route(raw_request, "/invocations", "POST")
     if own is None:
         return CHAT.error(404, "this server serves only chat bodies on /invocations")
     return await own(replayed(raw_request, json.dumps(body).encode()))
+
+
+def invocation_api(raw_request: Request, body: dict[str, Any]) -> ManagedApi | None:
+    """The managed API an ``/invocations`` body speaks (None: vLLM's to serve).
+    An embedding body also has ``input``: it is a Responses body only where
+    the server generates (vLLM serves the Responses API)."""
+    if isinstance(body.get("messages"), list):
+        return CHAT
+    if "input" in body and "prompt" not in body and getattr(raw_request.app.state, ResponsesApi.handler, None):
+        return ResponsesApi()
+    return None
 
 
 @router.get("/v1/responses/{response_id}")
@@ -160,22 +174,18 @@ async def _serve(api: ManagedApi, raw_request: Request, body: dict[str, Any]) ->
         return await _pass_through(api, handler, body, raw_request, Fallback(str(exc)))
     except InputError as exc:
         return api.error(exc.status, exc.message)
-    session = state.sessions.touch(chat.session_id, chat.stored_session) if chat.session_id else None
+    key = chat.request.session_id
+    session = state.sessions.touch(key, chat.stored_session) if key else None
+    asked = msgspec.structs.replace(chat.request, context=state.context)
     if session is not None:
         session.policy = chat.policy.name
-    outcome = await rewrite_request(
-        chat.messages,
-        chat.session_id,
-        chat.policy,
-        session.last_vote if session else None,
-        state.context,
-        session.state() if session else None,
-        chat.tools_in,
-        chat.prompt_tokens_in,
-        chat.context_budget,
-        chat.answer_tokens,
-        session.last_recall if session else None,
-    )
+        asked = msgspec.structs.replace(
+            asked,
+            previous_vote=session.last_vote,
+            previous_state=session.state(),
+            previous_recall=session.last_recall,
+        )
+    outcome = await rewrite_request(chat.policy, asked)
     report = PamerReport(
         session_id=chat.session_name,
         policy=chat.policy.name,
@@ -183,7 +193,7 @@ async def _serve(api: ManagedApi, raw_request: Request, body: dict[str, Any]) ->
         detail=outcome.detail,
         recalled=list(outcome.recalled) if outcome.recalled is not None else None,
         messages_sent=outcome.messages if chat.echo else None,
-        prompt_tokens_in=chat.prompt_tokens_in,
+        prompt_tokens_in=asked.prompt_tokens,
         schedule=msgspec.to_builtins(outcome.schedule) if outcome.schedule is not None else None,
         api=api.name,
     )
@@ -207,7 +217,7 @@ async def _serve(api: ManagedApi, raw_request: Request, body: dict[str, Any]) ->
             state.prompt_tokens, chat.body["messages"], chat.template_kwargs, tools_out(request, chat)
         )
     else:
-        report.prompt_tokens_out = chat.prompt_tokens_in
+        report.prompt_tokens_out = asked.prompt_tokens
     if rewritten and report.prompt_tokens_in and report.prompt_tokens_out:
         metrics.PROMPT_TOKENS_REMOVED.inc(max(0, report.prompt_tokens_in - report.prompt_tokens_out))
 
@@ -226,7 +236,7 @@ async def _serve(api: ManagedApi, raw_request: Request, body: dict[str, Any]) ->
     if chat.own_tools and not is_error(result):
         names = {tool["function"]["name"] for tool in chat.own_tools}
         result, rounds = await resolve_own_tool_calls(
-            state, chat.policy, chat.session_id, chat.body, outcome.messages, result, raw_request, names, chat.xargs
+            state, chat.policy, key or None, chat.body, outcome.messages, result, raw_request, names, chat.xargs
         )
         if rounds:
             report.note(f"resolved {rounds} {'/'.join(sorted(names))} tool round(s)")

@@ -12,14 +12,14 @@ from hypothesis import strategies as st
 
 from tests.support.chat_strategies import conversations, join
 from tests.support.fakes import blocks_of, lookup_chat, mixed_conversation, same_objects
-from vllm_pamer.core.blocks import protocol_issues, split_conversation
+from vllm_pamer.core.blocks import protocol_issues
 from vllm_pamer.core.policies import PolicyRequest, create_policy
 from vllm_pamer.core.policies.baselines import RecentK, SlidingWindow, _LastBlocks
 
 
 def decide(name: str, messages: list[dict], **options):
     policy = create_policy(name, options)
-    return asyncio.run(policy.rewrite(PolicyRequest("s1", split_conversation(messages))))
+    return asyncio.run(policy.rewrite(PolicyRequest(messages=messages, session_id="s1")))
 
 
 def test_defaults():

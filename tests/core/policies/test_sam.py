@@ -9,7 +9,7 @@ import json
 from tests.support.fakes import FakeEngine, blocking, conversation
 from vllm_pamer.core.blocks import protocol_issues, split_conversation
 from vllm_pamer.core.pipeline import rewrite_request
-from vllm_pamer.core.policies import PolicyContext, create_policy
+from vllm_pamer.core.policies import PolicyContext, PolicyRequest, create_policy
 from vllm_pamer.core.policies.sam import CUES_HEADER, MEMORY_TOOL_NAME, paginate
 
 
@@ -30,7 +30,14 @@ class SamServices(FakeEngine):
 
 def run(messages, store, services, **options):
     policy = create_policy("sam", {"trigger_tokens": 1500, "page_tokens": 700, "call_attempts": 1, **options})
-    return policy, asyncio.run(rewrite_request(messages, "s", policy, None, PolicyContext(store, services)))
+    return policy, asyncio.run(
+        rewrite_request(
+            policy,
+            PolicyRequest(
+                messages=messages, session_id="s", previous_vote=None, context=PolicyContext(store, services)
+            ),
+        )
+    )
 
 
 def test_paginate_respects_the_budget_and_keeps_order():

@@ -13,7 +13,7 @@ import pytest
 from tests.support.fakes import KEEP, FakeEngine, blocking, blocks_of, lookup_chat
 from vllm_pamer.core.blocks import protocol_issues, split_conversation
 from vllm_pamer.core.pipeline import rewrite_request
-from vllm_pamer.core.policies import PolicyContext, create_policy
+from vllm_pamer.core.policies import PolicyContext, PolicyRequest, create_policy
 from vllm_pamer.core.policies.summary_baselines import NO_EMBEDDER
 from vllm_pamer.core.policies.summary_writer import MEMORY_HEADER
 
@@ -38,7 +38,14 @@ class Services(FakeEngine):
 
 def run(name, messages, store, services, session="s1", vote=None, **options):
     policy = create_policy(name, options)
-    return asyncio.run(rewrite_request(messages, session, policy, vote, PolicyContext(store, services)))
+    return asyncio.run(
+        rewrite_request(
+            policy,
+            PolicyRequest(
+                messages=messages, session_id=session, previous_vote=vote, context=PolicyContext(store, services)
+            ),
+        )
+    )
 
 
 def test_defaults():
@@ -155,7 +162,7 @@ def test_storage_failure_sends_the_original(store, name, options):
 @pytest.mark.parametrize("name", ["periodic_summary", "rolling_summary"])
 def test_summary_policies_need_a_memory_context(name):
     messages = lookup_chat(6)
-    outcome = asyncio.run(rewrite_request(messages, "s1", create_policy(name)))
+    outcome = asyncio.run(rewrite_request(create_policy(name), PolicyRequest(messages=messages, session_id="s1")))
     assert outcome.action == "fallback:policy_error" and "needs a memory store" in outcome.detail
     assert outcome.messages == messages
 

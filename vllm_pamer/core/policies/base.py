@@ -9,12 +9,13 @@ it took. Policies never import the engine: ``core/engine.py`` is the contract.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from functools import cached_property
 from typing import Any, ClassVar, Literal
 
 import msgspec
 import numpy as np
 
-from vllm_pamer.core.blocks import Conversation, Message, Tool
+from vllm_pamer.core.blocks import Conversation, Message, Tool, split_conversation
 from vllm_pamer.core.engine import EngineServices
 from vllm_pamer.core.fallback import Fallback, fallback_rule
 from vllm_pamer.core.recall import WorkerRecall
@@ -41,11 +42,16 @@ class PolicyContext(msgspec.Struct, frozen=True):
     services: EngineServices
 
 
-class PolicyRequest(msgspec.Struct, frozen=True):
-    """One request of a session, as a policy sees it."""
+class PolicyRequest(msgspec.Struct, frozen=True, kw_only=True, dict=True):
+    """One request of a session, as the rewrite pipeline (``core/pipeline.py``)
+    and every policy see it: the one typed request, whichever API it came
+    through (the server fills it once, ``server/input.py``, and adds what it
+    remembers of the session, ``server/routes.py``)."""
 
-    session_id: str
-    conversation: Conversation
+    messages: list[Message]
+    """The messages as received (the neutral chat view of every managed API)."""
+    session_id: str = ""
+    """The session's key (empty: the request named none, and is sent as it is)."""
     previous_vote: HeadVote | None = None
     """Vote captured at this session's previous request (the pre-action state)."""
     context: PolicyContext | None = None
@@ -69,6 +75,12 @@ class PolicyRequest(msgspec.Struct, frozen=True):
     previous_recall: WorkerRecall | None = None
     """The worker's Top-K of the session's memories for ``previous_state``,
     made at its capture (None: not made)."""
+
+    @cached_property
+    def conversation(self) -> Conversation:
+        """The messages as prefix and blocks (read only after the pipeline's
+        protocol check: ``split_conversation`` assumes a whole protocol)."""
+        return split_conversation(self.messages)
 
 
 Trigger = Literal["vote", "top_of_band", "kv_pressure", "window"]
@@ -99,6 +111,9 @@ class ScheduleReport(msgspec.Struct, frozen=True):
 
 
 class PolicyDecision(msgspec.Struct, frozen=True):
+    """What a policy decided for one request, and what the pipeline returns
+    (the one typed outcome: a fallback's messages are the original ones)."""
+
     messages: list[Message]
     action: str
     """``none`` (sent as is), ``rewritten``, ``compressed``, ``recalled``, or

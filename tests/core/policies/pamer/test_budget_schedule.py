@@ -13,7 +13,7 @@ import pytest
 from tests.support.fakes import COMPRESS, KEEP, FakeEngine, blocking, conversation
 from vllm_pamer.core.blocks import protocol_issues
 from vllm_pamer.core.pipeline import rewrite_request
-from vllm_pamer.core.policies import PolicyContext, create_policy
+from vllm_pamer.core.policies import PolicyContext, PolicyRequest, create_policy
 from vllm_pamer.core.policies.pamer.record import RECORD_HEADER
 from vllm_pamer.core.policies.summary_writer import MEMORY_HEADER
 from vllm_pamer.core.store import StoreError
@@ -34,7 +34,17 @@ class Session:
     def send(self, messages, vote=KEEP, session="s1", **kwargs):
         tokens = self.services.count_tokens(messages)
         return asyncio.run(
-            rewrite_request(messages, session, self.policy, vote, self.context, prompt_tokens=tokens, **kwargs)
+            rewrite_request(
+                self.policy,
+                PolicyRequest(
+                    messages=messages,
+                    session_id=session,
+                    previous_vote=vote,
+                    context=self.context,
+                    prompt_tokens=tokens,
+                    **kwargs,
+                ),
+            )
         )
 
 
@@ -158,7 +168,7 @@ def test_between_compactions_what_is_sent_only_grows_and_the_memory_text_stays(s
     sent = []
     for n in range(2, 20):
         out = session.send(conversation(n), vote=COMPRESS if n % 3 == 0 else KEEP)
-        assert not out.is_fallback and protocol_issues(out.messages) == []
+        assert out.fallback_rule is None and protocol_issues(out.messages) == []
         sent.append((out.action, out.messages))
     compactions = [i for i, (action, _) in enumerate(sent) if action == "compressed"]
     assert len(compactions) >= 2

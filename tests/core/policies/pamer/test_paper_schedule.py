@@ -15,16 +15,26 @@ import pytest
 from tests.support.fakes import COMPRESS, KEEP, FakeEngine, blocking, conversation
 from vllm_pamer.core.blocks import protocol_issues, split_conversation
 from vllm_pamer.core.pipeline import rewrite_request
-from vllm_pamer.core.policies import PolicyContext, create_policy
+from vllm_pamer.core.policies import PolicyContext, PolicyRequest, create_policy
 from vllm_pamer.core.policies.summary_writer import MEMORY_HEADER
 from vllm_pamer.core.recall import SERVED_STATE_EMBEDDER, WorkerRecall
 from vllm_pamer.core.store import StepDetail
 
 
+def asked(messages, vote, context, session="s1", **fields):
+    """The pipeline's request of ``session`` (its previous vote ``vote``)."""
+    return PolicyRequest(messages=messages, session_id=session, previous_vote=vote, context=context, **fields)
+
+
 def run(messages, store, services, vote, session="s1", **options):
     """PaMER on the paper's schedule (the budget schedule: test_budget_schedule.py)."""
     policy = create_policy("pamer", {"schedule": "paper", **options})
-    return asyncio.run(rewrite_request(messages, session, policy, vote, PolicyContext(store, services)))
+    return asyncio.run(
+        rewrite_request(
+            policy,
+            asked(messages, vote, PolicyContext(store, services), session=session),
+        )
+    )
 
 
 def test_compression_commits_then_sends_prefix_and_recent(store):
@@ -84,10 +94,18 @@ def test_window_guard_compresses_a_request_the_window_cannot_hold(store, vote):
 def test_window_guard_counts_the_tools_and_can_be_turned_off(store):
     messages, tools = conversation(8), [{"type": "function", "function": {"name": f"t{i}"}} for i in range(4)]
     policy = create_policy("pamer", {"schedule": "paper"})
-    fits = asyncio.run(rewrite_request(messages, "s1", policy, KEEP, PolicyContext(store, FakeEngine(window=2_100))))
+    fits = asyncio.run(
+        rewrite_request(
+            policy,
+            asked(messages, KEEP, PolicyContext(store, FakeEngine(window=2_100))),
+        )
+    )
     assert fits.action == "none"  # fits without the tools
     with_tools = asyncio.run(
-        rewrite_request(messages, "s1", policy, KEEP, PolicyContext(store, FakeEngine(window=2_100)), tools=tools)
+        rewrite_request(
+            policy,
+            asked(messages, KEEP, PolicyContext(store, FakeEngine(window=2_100)), tools=tools),
+        )
     )
     assert with_tools.action == "compressed"  # 200 tool tokens push it past the window
     off = run(conversation(8), store, FakeEngine(window=1_800), None, session="s2", window_guard=False)
@@ -112,16 +130,25 @@ def test_window_guard_trusts_the_servers_count_below_the_window(store):
     policy = create_policy("pamer", {"schedule": "paper"})
     services = CountingWindowServices(2_100)
     below = asyncio.run(
-        rewrite_request(messages, "s1", policy, KEEP, PolicyContext(store, services), prompt_tokens=2_099)
+        rewrite_request(
+            policy,
+            asked(messages, KEEP, PolicyContext(store, services), prompt_tokens=2_099),
+        )
     )
     assert below.action == "none" and services.whole_counts == 0
     # at the window the guard counts what would go out itself: it fits (no
     # memory covers a block yet, so that is the request, about 2,000 tokens)
-    at = asyncio.run(rewrite_request(messages, "s1", policy, KEEP, PolicyContext(store, services), prompt_tokens=2_100))
+    at = asyncio.run(
+        rewrite_request(
+            policy,
+            asked(messages, KEEP, PolicyContext(store, services), prompt_tokens=2_100),
+        )
+    )
     assert at.action == "none" and services.whole_counts == 1
     over = asyncio.run(
         rewrite_request(
-            messages, "s1", policy, KEEP, PolicyContext(store, CountingWindowServices(1_800)), prompt_tokens=2_100
+            policy,
+            asked(messages, KEEP, PolicyContext(store, CountingWindowServices(1_800)), prompt_tokens=2_100),
         )
     )
     assert over.action == "compressed"
@@ -185,7 +212,7 @@ def test_summary_written_ahead_is_committed_by_the_next_request(store, new_block
         policy = create_policy("pamer", {"schedule": "paper", "summarize_ahead": True})
         context = PolicyContext(store, services)
         t = conversation(7)
-        first = await rewrite_request(t, "s1", policy, KEEP, context)
+        first = await rewrite_request(policy, asked(t, KEEP, context))
         assert first.action == "none"
         await policy.on_vote("s1", COMPRESS, context)  # request t's vote, at its prefill
         for _ in range(500):  # the summary runs in the background: wait for it, up to 5 s
@@ -194,7 +221,7 @@ def test_summary_written_ahead_is_committed_by_the_next_request(store, new_block
             await asyncio.sleep(0.01)
         assert services.summaries == 1  # written before request t+1 exists
         later = conversation(7 + new_blocks)
-        return await rewrite_request(later, "s1", policy, COMPRESS, context), later
+        return await rewrite_request(policy, asked(later, COMPRESS, context)), later
 
     outcome, later = asyncio.run(scenario())
     assert outcome.action == "compressed" and "summary written ahead" in outcome.detail
@@ -214,9 +241,9 @@ def test_failed_ahead_summary_falls_back_to_the_synchronous_path(store):
     async def scenario():
         policy = create_policy("pamer", {"schedule": "paper", "summarize_ahead": True, "summary_attempts": 1})
         context = PolicyContext(store, services)
-        await rewrite_request(conversation(7), "s1", policy, KEEP, context)
+        await rewrite_request(policy, asked(conversation(7), KEEP, context))
         await policy.on_vote("s1", COMPRESS, context)
-        return await rewrite_request(conversation(8), "s1", policy, COMPRESS, context)
+        return await rewrite_request(policy, asked(conversation(8), COMPRESS, context))
 
     outcome = asyncio.run(scenario())
     assert outcome.action == "compressed" and "ahead" not in outcome.detail
@@ -229,7 +256,7 @@ def test_keep_vote_starts_nothing_ahead(store):
     async def scenario():
         policy = create_policy("pamer", {"schedule": "paper", "summarize_ahead": True})
         context = PolicyContext(store, services)
-        await rewrite_request(conversation(7), "s1", policy, KEEP, context)
+        await rewrite_request(policy, asked(conversation(7), KEEP, context))
         await policy.on_vote("s1", KEEP, context)
         await asyncio.sleep(0.05)
 
@@ -245,7 +272,7 @@ def test_no_summary_ahead_for_blocks_just_archived(store):
     async def scenario():
         policy = create_policy("pamer", {"schedule": "paper", "summarize_ahead": True})
         context = PolicyContext(store, services)
-        outcome = await rewrite_request(conversation(8), "s1", policy, COMPRESS, context)
+        outcome = await rewrite_request(policy, asked(conversation(8), COMPRESS, context))
         assert outcome.action == "compressed"
         await policy.on_vote("s1", COMPRESS, context)
         await asyncio.sleep(0.05)
@@ -295,9 +322,9 @@ def test_conversation_layout_resends_what_the_engine_saw_then_asks(store):
     async def scenario():
         policy = create_policy("pamer", {"schedule": "paper", "summary_layout": "conversation"})
         context = PolicyContext(store, services)
-        first = await rewrite_request(conversation(8), "s1", policy, COMPRESS, context)
-        shown = await rewrite_request(conversation(10), "s1", policy, KEEP, context)  # shows memory 1
-        second = await rewrite_request(conversation(16), "s1", policy, COMPRESS, context)
+        first = await rewrite_request(policy, asked(conversation(8), COMPRESS, context))
+        shown = await rewrite_request(policy, asked(conversation(10), KEEP, context))  # shows memory 1
+        second = await rewrite_request(policy, asked(conversation(16), COMPRESS, context))
         return first, shown, second
 
     first, shown, second = asyncio.run(scenario())
@@ -358,14 +385,10 @@ def test_captured_query_recalls_without_an_embedding_request(store):
         state = np.asarray(target.embedding, dtype=np.float32)
         outcome = asyncio.run(
             rewrite_request(
-                later,
-                "s1",
                 create_policy(
                     "pamer", {"schedule": "paper", "query_source": "captured", "top_k": 1, "stable_recall": False}
                 ),
-                KEEP,
-                PolicyContext(store, services),
-                previous_state=state,
+                asked(later, KEEP, PolicyContext(store, services), previous_state=state),
             )
         )
         assert outcome.action == "recalled" and outcome.recalled == (target.id,)
@@ -390,7 +413,10 @@ def test_the_workers_search_decides_and_the_memories_are_handed_to_it(store):
     def recall_with(found):
         context = PolicyContext(store, services)
         return asyncio.run(
-            rewrite_request(conversation(16), "s1", policy, KEEP, context, previous_state=state, previous_recall=found)
+            rewrite_request(
+                policy,
+                asked(conversation(16), KEEP, context, previous_state=state, previous_recall=found),
+            )
         )
 
     outcome = recall_with(worker)
@@ -415,7 +441,10 @@ def test_captured_query_falls_back_to_the_text_query(store, case):
         state = np.ones(32, dtype=np.float32)
     policy = create_policy("pamer", {"schedule": "paper", "query_source": "captured"})
     outcome = asyncio.run(
-        rewrite_request(conversation(10), "s1", policy, KEEP, PolicyContext(store, services), previous_state=state)
+        rewrite_request(
+            policy,
+            asked(conversation(10), KEEP, PolicyContext(store, services), previous_state=state),
+        )
     )
     if case == "other embedder":  # nothing searchable under another embedder: no recall at all
         assert outcome.action in ("recalled", "none") and "captured" not in outcome.detail
@@ -432,12 +461,8 @@ def test_text_query_source_embeds_task_and_recent_even_with_a_state(store):
     services.embedded.clear()
     outcome = asyncio.run(
         rewrite_request(
-            conversation(10),
-            "s1",
             create_policy("pamer", {"schedule": "paper", "query_source": "text"}),
-            KEEP,
-            PolicyContext(store, services),
-            previous_state=np.ones(64, dtype=np.float32),
+            asked(conversation(10), KEEP, PolicyContext(store, services), previous_state=np.ones(64, dtype=np.float32)),
         )
     )
     assert outcome.action == "recalled" and "captured" not in outcome.detail
@@ -459,7 +484,12 @@ def test_pamer_recall_text_stays_identical_while_the_query_drifts(store):
         texts, ids = [], []
         for q in queries:
             services.embed = lambda text, q=q: asyncio.sleep(0, result=q.astype(np.float32))
-            out = asyncio.run(rewrite_request(conversation(3), "s", policy, KEEP, PolicyContext(store, services)))
+            out = asyncio.run(
+                rewrite_request(
+                    policy,
+                    asked(conversation(3), KEEP, PolicyContext(store, services), session="s"),
+                )
+            )
             texts.append(out.messages[2]["content"])
             ids.append(out.recalled)
         return texts, ids

@@ -15,7 +15,7 @@ import pytest
 from tests.support.fakes import COMPRESS, KEEP, FakeEngine, blocking, conversation
 from vllm_pamer.core.blocks import protocol_issues
 from vllm_pamer.core.pipeline import rewrite_request
-from vllm_pamer.core.policies import PolicyContext, create_policy
+from vllm_pamer.core.policies import PolicyContext, PolicyRequest, create_policy
 from vllm_pamer.core.policies.pamer.plus import EVIDENCE_HEADER, selection_schema
 from vllm_pamer.core.policies.summary_writer import MEMORY_HEADER
 
@@ -38,13 +38,24 @@ class ScriptedServices(FakeEngine):
 def session_with_memory(store, policy):
     """Compress 8 blocks (memory 1 archives blocks 0-5), then return a later request."""
     context = PolicyContext(store, FakeEngine())
-    out = asyncio.run(rewrite_request(conversation(8), "s", policy, COMPRESS, context))
+    out = asyncio.run(
+        rewrite_request(
+            policy, PolicyRequest(messages=conversation(8), session_id="s", previous_vote=COMPRESS, context=context)
+        )
+    )
     assert out.action == "compressed"
     return conversation(9)
 
 
 def later(store, policy, services):
-    return asyncio.run(rewrite_request(conversation(9), "s", policy, KEEP, PolicyContext(store, services)))
+    return asyncio.run(
+        rewrite_request(
+            policy,
+            PolicyRequest(
+                messages=conversation(9), session_id="s", previous_vote=KEEP, context=PolicyContext(store, services)
+            ),
+        )
+    )
 
 
 def test_selected_steps_are_recalled_and_injected_after_the_summaries(store):

@@ -7,13 +7,18 @@ import asyncio
 
 from tests.support.fakes import COMPRESS, KEEP, FakeEngine, blocking, conversation
 from vllm_pamer.core.pipeline import rewrite_request
-from vllm_pamer.core.policies import PolicyContext, create_policy
+from vllm_pamer.core.policies import PolicyContext, PolicyRequest, create_policy
 
 
 def test_corrupt_rows_are_discarded_not_repaired(store):
     policy = create_policy("pamer", {"schedule": "paper"})
     run = lambda messages, vote: asyncio.run(
-        rewrite_request(messages, "s1", policy, vote, PolicyContext(store, FakeEngine()))
+        rewrite_request(
+            policy,
+            PolicyRequest(
+                messages=messages, session_id="s1", previous_vote=vote, context=PolicyContext(store, FakeEngine())
+            ),
+        )
     )
     run(conversation(8), COMPRESS)
     store._conn.execute("UPDATE memories SET embedding = x'00'")

@@ -12,7 +12,7 @@ import pytest
 from tests.support.fakes import COMPRESS, KEEP, FakeEngine, blocking, conversation
 from vllm_pamer.core.blocks import protocol_issues, split_conversation
 from vllm_pamer.core.pipeline import rewrite_request
-from vllm_pamer.core.policies import PolicyContext, create_policy
+from vllm_pamer.core.policies import PolicyContext, PolicyRequest, create_policy
 from vllm_pamer.core.policies.baselines import tool_placeholder
 from vllm_pamer.core.policies.pamer.record import RECORD_HEADER
 from vllm_pamer.core.policies.summary_writer import MEMORY_HEADER
@@ -42,7 +42,21 @@ def replay(store, policy_name, blocks=range(2, 20), vote=lambda n: KEEP, **optio
         messages = conversation(n)
         tokens = services.count_tokens(messages)
         out.append(
-            (messages, asyncio.run(rewrite_request(messages, "s1", policy, vote(n), context, prompt_tokens=tokens)))
+            (
+                messages,
+                asyncio.run(
+                    rewrite_request(
+                        policy,
+                        PolicyRequest(
+                            messages=messages,
+                            session_id="s1",
+                            previous_vote=vote(n),
+                            context=context,
+                            prompt_tokens=tokens,
+                        ),
+                    )
+                ),
+            )
         )
     return out, services
 
@@ -62,7 +76,7 @@ def test_a_baseline_compacts_where_pamer_first_does_and_never_breaks_the_protoco
         other, _ = replay(SqliteStore(tmp_path / f"{policy}{id(vote)}.db"), policy, vote=vote)
         assert _compactions(other) and _compactions(other)[0] == _compactions(pamer)[0]
         for _, outcome in other:
-            assert not outcome.is_fallback, outcome.detail
+            assert outcome.fallback_rule is None, outcome.detail
             assert protocol_issues(outcome.messages) == []
             assert outcome.schedule is not None and outcome.schedule.sent_tokens <= 2000 + 300
 
