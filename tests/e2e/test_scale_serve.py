@@ -14,6 +14,7 @@ import pytest
 from tests.support.fakes import blocking
 from tests.support.scale import min_cosine, run_failover, run_mode, user_turns
 from tests.support.serve import (
+    HELD_BODY,
     assert_whole_conversation,
     chat,
     client_for,
@@ -118,14 +119,14 @@ def test_a_held_conversation_survives_the_loss_of_its_replica(compress_heads, pg
     try:
         router.wait_ready()
         client = openai.OpenAI(base_url=f"{router.base_url}/v1", api_key="unused", max_retries=0, timeout=300)
-        first, second = two_held_turns(client)
+        first, second = two_held_turns(client, HELD_BODY)  # the router hashes the header, forwards the body
         served = {first.model_extra["pamer"]["api_process"], second.model_extra["pamer"]["api_process"]}
         [killed] = [r for r in replicas if r.proc.pid in served]
         killed.kill()
         deadline = time.monotonic() + 180
         while True:  # the agent's retry: the router moves the session within seconds
             try:
-                third = third_held_turn(client, second)
+                third = third_held_turn(client, second, extra_body=HELD_BODY)
                 break
             except openai.APIError:
                 if time.monotonic() > deadline:

@@ -100,9 +100,11 @@ def client_for(server):
 
 HELD_HEADERS = {"X-Session-ID": "held-e2e", "X-Pamer-Echo": "1", "X-Pamer-Policy": "none"}
 """A held conversation's turns: policy none, so what a later turn sends is the held conversation as it is."""
+HELD_BODY = {"session_id": "held-e2e", "pamer_echo": True, "pamer_policy": "none"}
+"""The same in the body: vLLM's router forwards no custom header on ``/v1/responses``."""
 
 
-def two_held_turns(client):
+def two_held_turns(client, extra_body=None):
     """Two turns of a Responses conversation the server holds (a function
     call and its output in the first); returns both answers."""
     from vllm_pamer.default_model import DEFAULT_MODEL_NAME
@@ -116,6 +118,7 @@ def two_held_turns(client):
         ],
         max_output_tokens=8,
         extra_headers=HELD_HEADERS,
+        extra_body=extra_body,
     )
     second = client.responses.create(
         model=DEFAULT_MODEL_NAME,
@@ -123,11 +126,12 @@ def two_held_turns(client):
         input="Go ahead.",
         max_output_tokens=8,
         extra_headers=HELD_HEADERS,
+        extra_body=extra_body,
     )
     return first, second
 
 
-def third_held_turn(client, second, headers=HELD_HEADERS):
+def third_held_turn(client, second, headers=HELD_HEADERS, extra_body=None):
     """The turn after ``two_held_turns``, continuing from its second answer."""
     from vllm_pamer.default_model import DEFAULT_MODEL_NAME
 
@@ -137,6 +141,7 @@ def third_held_turn(client, second, headers=HELD_HEADERS):
         input="Thanks.",
         max_output_tokens=8,
         extra_headers=headers,
+        extra_body=extra_body,
     )
 
 
