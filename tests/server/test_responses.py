@@ -4,6 +4,7 @@ view, every tool call next to its result."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -11,7 +12,8 @@ from tests.support.chat_strategies import conversations, join
 from vllm_pamer.adapters.serving import responses_chat_messages, responses_request
 from vllm_pamer.core.blocks import protocol_issues, split_conversation
 from vllm_pamer.core.response_items import response_items
-from vllm_pamer.server.responses import _chat_content, _chat_tools
+from vllm_pamer.server.access import BadSessionId
+from vllm_pamer.server.responses import _chat_content, _chat_tools, named_session
 
 MEMORY = {"role": "user", "content": "[memory 1] The user wants reservation H9ZU1C cancelled."}
 
@@ -90,3 +92,14 @@ def test_any_rewritten_view_survives_the_way_back(conversation, insert_memory):
     back = _as_chat(*response_items(rewritten))
     assert protocol_issues(back) == protocol_issues(rewritten)
     assert _stream(back) == _stream(rewritten)
+
+
+def test_the_session_is_the_header_else_session_id_else_the_conversation():
+    body = {"session_id": "from-body", "conversation": "conv_1"}
+    assert named_session("from-header", body) == "from-header"
+    assert named_session(None, body) == "from-body"
+    assert named_session(None, {"conversation": "conv_1"}) == "conv_1"
+    assert named_session(None, {"conversation": {"id": "conv_2"}}) == "conv_2"
+    assert named_session(None, {"input": "hi"}) is None  # the conversation's own, if it continues one
+    with pytest.raises(BadSessionId):
+        named_session(None, {"conversation": {"id": 7}})

@@ -15,7 +15,7 @@ from fastapi import Request
 
 from vllm_pamer.adapters.serving import REQUEST_ERRORS, ChatCompletionRequest, template_tools, validate_chat_request
 from vllm_pamer.channel import CAPTURE_KEY, SESSION_KEY
-from vllm_pamer.core.blocks import MalformedRequest, Message, check_message_shape
+from vllm_pamer.core.blocks import MalformedRequest, check_message_shape
 from vllm_pamer.core.policies import MemoryPolicy, PolicyDecision, PolicyRequest, UnknownPolicy
 from vllm_pamer.server.access import BadSessionId, PolicyRefused, check_session_id, header_text
 from vllm_pamer.server.output import PamerReport

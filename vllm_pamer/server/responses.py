@@ -15,8 +15,9 @@ every finished answer (unless ``store`` is false) in its memory store
 (``MemoryStore.hold_response``: what the request added and the output, keyed
 by the response id within the caller's tenant, filed under the session), reads
 the whole conversation back for a later turn, and sends vLLM a whole request.
-The session is the request's, else the conversation's (its first answer's id
-when no request named one). A response id not held in the caller's tenant goes
+The session is the request's (``X-Session-ID``, ``session_id``, else
+``conversation``), else the conversation's (its first answer's id when no
+request named one). A response id not held in the caller's tenant goes
 to vLLM as sent (``fallback:unknown_conversation``: vLLM's own store, or 404);
 ``GET /v1/responses/{id}`` answers a held response (``routes.py``).
 """
@@ -89,6 +90,21 @@ def _chat_tool_choice(choice: Any) -> Any:
     return None
 
 
+def named_session(header: str | None, body: dict[str, Any]) -> str | None:
+    """The session a Responses request names: the header, else its
+    ``session_id``, else its ``conversation`` (an id, or an object with
+    one: OpenAI's conversation parameter, which vLLM 0.32 does not serve);
+    None: the conversation's own (``previous_response_id``). Raises
+    ``BadSessionId``."""
+    named = session_id_of(header, body.get("session_id"))
+    if named is not None:
+        return named
+    conversation = body.get("conversation")
+    if isinstance(conversation, dict):
+        conversation = conversation.get("id")
+    return session_id_of(None, conversation) if conversation is not None else None
+
+
 HELD_STATUSES = ("completed", "incomplete")
 """Answers a later turn may continue (``incomplete``: cut at ``max_output_tokens``)."""
 
@@ -126,11 +142,12 @@ class ResponsesApi(ManagedApi):
 
         lead = messages[:1] if request.instructions else []
         self.added = messages[len(lead) :]
+        header = session_header(raw_request.headers, state.settings)
         try:
-            self.session_name = session_id_of(
-                session_header(raw_request.headers, state.settings), body.get("session_id")
-            )
-        except BadSessionId:
+            self.session_name = named_session(header, body)
+        except BadSessionId as exc:
+            if header is None and body.get("session_id") is None:
+                raise UnreadableBody(f"invalid conversation: {exc}") from None
             self.session_name = None  # read_chat refuses it in its own words
         if request.previous_response_id:
             try:
