@@ -225,3 +225,12 @@ def test_check_message_shape_rejects(messages):
 
 def test_malformed_request_is_a_value_error():
     assert issubclass(MalformedRequest, ValueError)
+
+
+def test_a_block_repeated_word_for_word_has_an_id_of_its_own_that_stays():
+    step = [{"role": "assistant", "content": "I will check."}, {"role": "user", "content": "ok"}]
+    messages = [{"role": "user", "content": "task"}, *step, *step, *step]
+    ids = [b.block_id for b in split_conversation(messages).blocks]
+    assert len(set(ids)) == 3 and ids[0] == block_id(step)  # a first occurrence hashes its content alone
+    longer = [b.block_id for b in split_conversation([*messages, *step]).blocks]
+    assert longer[:3] == ids  # the agent resends the history: the ids of its blocks stay

@@ -148,6 +148,42 @@ def test_the_responses_api_gets_the_memory(responses_run):
     assert all(r.object == "response" and r.status in ("completed", "incomplete") for _, r in responses_run)
 
 
+@pytest.fixture(scope="module")
+def held_run(compress_server, trajectory):
+    """The trajectory's first requests as one conversation the server holds:
+    after the first, each turn sends its instructions, ``previous_response_id``
+    and only what came after the previous turn's history (the recorded action
+    and its results, the user's next turn); the plugin holds the rest, the
+    model's own answers included."""
+    client = openai_client(compress_server)
+    out, previous, seen = [], None, 0
+    for _, history in list(agent_requests(trajectory["messages"]))[:STEPS]:
+        instructions, items = response_items(history[seen:] if previous else history)
+        if previous:
+            instructions = response_items(history)[0]  # instructions do not carry over: an agent sends them each turn
+        raw = client.responses.with_raw_response.create(
+            model=DEFAULT_MODEL_NAME,
+            instructions=instructions,
+            input=items,
+            previous_response_id=previous,
+            max_output_tokens=8,
+            temperature=0,
+            extra_headers={"X-Session-ID": "held-chain-e2e", "X-Pamer-Policy": "pamer_budget", "X-Pamer-Echo": "1"},
+        )
+        answer = raw.parse()
+        out.append((raw.headers, answer))
+        previous, seen = answer.id, len(history)
+    return out
+
+
+def test_a_held_conversation_gets_the_memory(held_run):
+    """The held conversation grows by what each turn adds and the model's
+    answers, and PaMER keeps what the model reads within the budget."""
+    _memory_worked(held_run, "responses", "held-chain-e2e")
+    last = held_run[-1][1].model_extra["pamer"]
+    assert last["prompt_tokens_in"] > held_run[0][1].model_extra["pamer"]["prompt_tokens_in"]
+
+
 def test_a_conversation_the_server_holds_continues_from_the_last_response(compress_server):
     """``previous_response_id``: the plugin holds each answer with the turn
     that asked for it and continues the conversation (the model reads every

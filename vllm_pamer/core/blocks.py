@@ -49,6 +49,10 @@ class Block(msgspec.Struct, frozen=True):
     """An assistant message and the non-assistant messages that follow it."""
 
     messages: tuple[Message, ...]
+    occurrence: int = 0
+    """Earlier blocks of its conversation with the same content (an agent, or
+    a model's own short answers, may repeat a step word for word): the id
+    tells them apart, so each is archived once."""
 
     @property
     def assistant(self) -> Message:
@@ -56,7 +60,7 @@ class Block(msgspec.Struct, frozen=True):
 
     @property
     def block_id(self) -> str:
-        return block_id(self.messages)
+        return block_id(self.messages, self.occurrence)
 
     def tool_call_ids(self) -> list[str]:
         return [call.get("id", "") for call in self.assistant.get("tool_calls") or []]
@@ -113,15 +117,21 @@ def check_message_shape(messages: Any) -> list[Message]:
 def split_conversation(messages: Sequence[Message]) -> Conversation:
     """Split messages into prefix and blocks (lossless; no protocol check)."""
     first_assistant = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), len(messages))
-    blocks: list[Block] = []
+    grouped: list[tuple[Message, ...]] = []
     current: list[Message] = []
     for message in messages[first_assistant:]:
         if message.get("role") == "assistant" and current:
-            blocks.append(Block(tuple(current)))
+            grouped.append(tuple(current))
             current = []
         current.append(message)
     if current:
-        blocks.append(Block(tuple(current)))
+        grouped.append(tuple(current))
+    seen: dict[str, int] = {}  # content id -> blocks so far with that content
+    blocks = []
+    for group in grouped:
+        content = block_id(group)
+        blocks.append(Block(group, seen.get(content, 0)))
+        seen[content] = seen.get(content, 0) + 1
     return Conversation(prefix=tuple(messages[:first_assistant]), blocks=tuple(blocks))
 
 
@@ -187,8 +197,11 @@ def _canonical(message: Message) -> dict[str, Any]:
     }
 
 
-def block_id(messages: Sequence[Message]) -> str:
-    """Stable hash of a block's protocol content (the agent resends the same
-    block on every request, so this identifies it across requests)."""
+def block_id(messages: Sequence[Message], occurrence: int = 0) -> str:
+    """Stable hash of a block's protocol content and its ``occurrence`` (the
+    agent resends the same history on every request, so this identifies a
+    block across requests; a first occurrence hashes its content alone)."""
     payload = json.dumps([_canonical(m) for m in messages], sort_keys=True, ensure_ascii=False)
+    if occurrence:
+        payload += f"#{occurrence}"
     return hashlib.sha256(payload.encode()).hexdigest()[:32]

@@ -314,3 +314,18 @@ def test_two_processes_show_what_the_last_compaction_of_either_chose(store):
             other = second if server is first else first
             assert other.send(conversation(n)).messages == out.messages
     assert len(blocking(store).load("s1").memories) >= 2
+
+
+def test_blocks_repeated_word_for_word_are_archived_each_once(store):
+    """An agent (or a model's short answers, in a conversation the server
+    holds) may repeat a step word for word: the compaction archives each
+    copy under its own id, and the next one goes on from there."""
+    step = [{"role": "assistant", "content": "I will check. " + "y" * 800}, {"role": "user", "content": "ok"}]
+    messages = conversation(0) + step * 10  # the same answer and user turn, again and again, each ~230 tokens
+    session = Session(store)
+    out = session.send(messages, vote=KEEP)
+    assert out.action == "compressed", out.detail
+    [memory] = blocking(store).load("s1").memories
+    assert len(set(memory.covered_block_ids)) == len(memory.covered_block_ids) > 1
+    later = session.send(messages + step, vote=KEEP)
+    assert later.fallback_rule is None and protocol_issues(later.messages) == []

@@ -128,7 +128,9 @@ def masked_text(blocks: Sequence[Block]) -> str:
 
 
 async def archived_blocks(store: MemoryStore, session: str, memories: Sequence[Memory]) -> list[Block]:
-    """The raw blocks ``memories`` archived, oldest first (StoreError when they cannot be read)."""
+    """The raw blocks ``memories`` archived, oldest first, for their content
+    (a repeated block's ``occurrence`` is not kept: read the ids from the
+    memories). StoreError when they cannot be read."""
     ids = [b for m in sorted(memories, key=lambda m: m.id) for b in m.covered_block_ids]
     raw = await store.raw_blocks(session, ids) if ids else {}
     return [Block(tuple(raw[b])) for b in ids if b in raw]
