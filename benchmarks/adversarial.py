@@ -5,9 +5,8 @@ of the default model (the fast part: ``tests/e2e/test_fuzz_serve.py``).
     .venv/bin/python -m benchmarks.adversarial load --sessions 32 --max-steps 16
     .venv/bin/python -m benchmarks.adversarial crash --cycles 10
 
-* ``fuzz``: fuzzed requests (``tests/support/fuzz_requests.py``) to each managed
-  route (``--api``) on the fuzz suite's server; prints the answers by route and
-  status; any 5xx is a failure.
+* ``fuzz``: fuzzed requests (``tests/support/fuzz_requests.py``) to each managed route
+  (``--api``) on the fuzz suite's server; prints the answers by route and status; a 5xx fails.
 * ``load``: ``--sessions`` real trajectories replayed at once, each its own
   session, under PaMER with a context budget small enough to compact; checks
   that each session's memories cover only its own blocks and that a request
