@@ -221,6 +221,10 @@ def test_budget_schedule_is_visible_in_the_session_and_the_metrics(budget_run):
     assert compressed and all(e["detail"]["trigger"] and e["detail"]["cache_break_tokens"] > 0 for e in compressed)
     assert "vllm_pamer_cache_break_tokens_total" in metrics
     assert 'vllm_pamer_compactions_total{policy="pamer_budget"' in metrics
+    inline = r'^vllm_pamer_memory_write_seconds_count\{mode="inline",policy="pamer_budget"\} (\S+)$'
+    waited = re.search(inline, metrics, re.M)  # each compaction's request waited for its memory (other sessions too)
+    assert waited and float(waited.group(1)) >= len(compressed)
+    assert re.search(r'^vllm_pamer_request_wait_seconds_count\{policy="pamer_budget"\} [1-9]', metrics, re.M)
     memories = [m["summary"] for m in session["memories"]]
     assert all("Record of the archived steps" in m for m in memories)
     assert any("called " in m for m in memories)  # calls kept verbatim

@@ -1,6 +1,6 @@
 """Prometheus metrics, exported on vLLM's own ``/metrics``."""
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Histogram
 
 REQUESTS = Counter("vllm_pamer_requests", "Chat requests seen by the plugin", ["policy", "action"])
 CAPTURES = Counter("vllm_pamer_captures", "Prefill states captured and delivered")
@@ -40,4 +40,22 @@ UNMANAGED_REQUESTS = Counter(
     "vllm_pamer_unmanaged_requests",
     "Requests that named a session on a route the plugin does not manage (served without memory)",
     ["route"],
+)
+
+WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 120.0, 300.0, 600.0)
+"""Seconds, from a store read to a summary near the window on a CPU."""
+
+REQUEST_WAIT = Histogram(
+    "vllm_pamer_request_wait_seconds",
+    "Time a managed request spent in the plugin before vLLM's handler got it (input checks, the prompt "
+    "count, the store, the rewrite and any memory it waited for)",
+    ["policy"],
+    buckets=WAIT_BUCKETS,
+)
+MEMORY_WRITE = Histogram(
+    "vllm_pamer_memory_write_seconds",
+    "Time a compaction took to write its memory (summary, record, embedding, storage); mode inline: the "
+    "request that compacted waited for it, so this histogram's count by mode is the requests that waited",
+    ["policy", "mode"],
+    buckets=WAIT_BUCKETS,
 )

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import msgspec
@@ -163,6 +164,7 @@ async def _managed(api: ManagedApi, raw_request: Request) -> Response:
 @with_cancellation  # it takes its second argument for the request whose disconnect cancels
 async def _serve(api: ManagedApi, raw_request: Request, body: dict[str, Any]) -> Response:
     state: ServerState = raw_request.app.state.pamer
+    received = time.monotonic()
     handler = getattr(raw_request.app.state, api.handler, None)
     if handler is None:
         return api.error(501, f"the served model does not support the {api.name} API", "NotImplementedError")
@@ -185,7 +187,10 @@ async def _serve(api: ManagedApi, raw_request: Request, body: dict[str, Any]) ->
             previous_state=session.state(),
             previous_recall=session.last_recall,
         )
+    rewriting = time.monotonic()
     outcome = await rewrite_request(chat.policy, asked)
+    if outcome.action == "compressed":  # the request waited for its memory
+        metrics.MEMORY_WRITE.labels(chat.policy.name, "inline").observe(time.monotonic() - rewriting)
     report = PamerReport(
         session_id=chat.session_name,
         policy=chat.policy.name,
@@ -221,6 +226,7 @@ async def _serve(api: ManagedApi, raw_request: Request, body: dict[str, Any]) ->
     if rewritten and report.prompt_tokens_in and report.prompt_tokens_out:
         metrics.PROMPT_TOKENS_REMOVED.inc(max(0, report.prompt_tokens_in - report.prompt_tokens_out))
 
+    metrics.REQUEST_WAIT.labels(chat.policy.name).observe(time.monotonic() - received)
     # The capture arrives when the prompt prefill completes, long before the
     # response ends: file the vote on the session right then.
     capture_task = asyncio.create_task(state.on_capture(capture_key, session, chat.policy))
