@@ -23,6 +23,8 @@ def policy_options(summary_tokens: int) -> dict[str, dict[str, Any]]:
         "pamer": {"summary_max_tokens": n},  # the budget schedule at its defaults
         # the budget schedule with the paper's summary request (the old steps as one text)
         "pamer_text": {"policy": "pamer", "summary_max_tokens": n, "summary_layout": "text"},
+        # the budget schedule with its memories written ahead of need (issue 33)
+        "pamer_ahead": {"policy": "pamer", "summary_max_tokens": n, "write_ahead": True},
         # the tight operating point: a context budget of half the window
         "pamer_tight": {"policy": "pamer", "summary_max_tokens": n, "context_budget": TIGHT_BUDGET},
         # the budget schedule as before 8ee507b under KV pressure: the vote compacts inside the

@@ -54,8 +54,8 @@ REQUEST_WAIT = Histogram(
 )
 MEMORY_WRITE = Histogram(
     "vllm_pamer_memory_write_seconds",
-    "Time a compaction took to write its memory (summary, record, embedding, storage); mode inline: the "
-    "request that compacted waited for it, so this histogram's count by mode is the requests that waited",
+    "Time a compaction's memory took to write (summary, record, embedding); mode inline: the request that "
+    "compacted waited for it (its count: the requests that waited), ahead: written before it (write_ahead)",
     ["policy", "mode"],
     buckets=WAIT_BUCKETS,
 )

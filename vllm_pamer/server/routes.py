@@ -189,7 +189,11 @@ async def _serve(api: ManagedApi, raw_request: Request, body: dict[str, Any]) ->
         )
     rewriting = time.monotonic()
     outcome = await rewrite_request(chat.policy, asked)
-    if outcome.action == "compressed":  # the request waited for its memory
+    schedule = outcome.schedule
+    if schedule is not None and schedule.memory_seconds is not None:  # written ahead, or waited for
+        mode = "ahead" if schedule.memory_ahead else "inline"
+        metrics.MEMORY_WRITE.labels(chat.policy.name, mode).observe(schedule.memory_seconds)
+    elif outcome.action == "compressed":  # a policy without a schedule report: the request waited
         metrics.MEMORY_WRITE.labels(chat.policy.name, "inline").observe(time.monotonic() - rewriting)
     report = PamerReport(
         session_id=chat.session_name,

@@ -108,6 +108,10 @@ class ScheduleReport(msgspec.Struct, frozen=True):
     """The engine's KV-cache usage (0-1) the budget followed."""
     kv_share: int | None = None
     """The session's share of the KV cache (tokens) when it held the budget (``kv_share``)."""
+    memory_seconds: float | None = None
+    """How long this compaction's memory took to write (None: no compaction)."""
+    memory_ahead: bool = False
+    """The memory was ready before this request, which did not wait for it (``write_ahead``)."""
 
 
 class PolicyDecision(msgspec.Struct, frozen=True):

@@ -34,8 +34,11 @@ from collections.abc import Sequence
 
 import msgspec
 
-from vllm_pamer.core.policies.base import Trigger
+from vllm_pamer.core.blocks import Block, Message
+from vllm_pamer.core.policies.base import ScheduleReport, Trigger
 from vllm_pamer.core.policies.pamer.config import BudgetConfig
+from vllm_pamer.core.store import Memory
+from vllm_pamer.core.view import ContextView, flatten
 
 NO_BUDGET = 2**62
 """The budget when neither one nor the window is known."""
@@ -125,3 +128,68 @@ def archive_count(block_tokens: Sequence[int], fixed_tokens: int, target: int, k
         remaining -= block_tokens[count]
         count += 1
     return count
+
+
+CHARS_PER_TOKEN = 3.5
+"""Characters a token, where a budget in tokens must become one in characters
+before anything is counted: choosing the memories to show after a restart runs
+on every request until a compaction, where a template count (``core/tokens.py``)
+of each candidate costs more than the choice is worth; a compaction uses the conversation's own ratio."""
+
+
+ANSWER_SHARE = 0.25
+"""The most of the window a request's own answer length reserves in the
+window check; a longer one (beyond what the window could ever give) does not
+force a compaction on every request."""
+
+
+def answer_room(answer_tokens: int | None, window: int) -> int:
+    """Tokens a request's answer (``answer_tokens`` asked for) needs beside its prompt."""
+    return max(0, min(answer_tokens or 0, int(ANSWER_SHARE * window)))
+
+
+class Offset(msgspec.Struct, frozen=True):
+    """sent tokens = the request's tokens as received - ``tokens``, while the
+    covered blocks and the memories shown are these."""
+
+    covered: int
+    shown: tuple[int, ...]
+    tokens: int
+
+
+class Plan(msgspec.Struct, frozen=True):
+    """The blocks a compaction now would archive (the ``count`` oldest live ones)
+    and the room it keeps for the new memory's record."""
+
+    count: int
+    prefix_tokens: int
+    block_tokens: list[int]
+    record_tokens: int
+
+    @property
+    def archived_tokens(self) -> int:
+        return sum(self.block_tokens[: self.count])
+
+
+class Choice(msgspec.Struct, frozen=True):
+    """What the schedule decided for one request (``decide``), for the action."""
+
+    view: ContextView
+    budget: Budget
+    searchable: list[Memory]
+    """The session's memories of the current embedder (the others still cover their blocks)."""
+    shown: list[Memory]
+    """The memories the request shows: those the last compaction chose."""
+    sent: list[Message]
+    """The request as it goes out without a compaction: P + the memories + the live blocks."""
+    report: ScheduleReport
+    trigger: Trigger | None = None
+    """Why the request compacts (None: it does not)."""
+    plan: Plan | None = None
+    """The blocks the compaction archives."""
+
+
+def chars_per_token(archived: Sequence[Block], plan: Plan) -> float:
+    """Characters a token in the blocks ``plan`` archives: the conversation's own ratio."""
+    chars = sum(len(str(m.get("content") or "")) for m in flatten(archived))
+    return max(2.0, chars / max(1, plan.archived_tokens))

@@ -43,7 +43,20 @@ from vllm_pamer.core.policies.base import (
     ScheduleReport,
     Trigger,
 )
-from vllm_pamer.core.policies.pamer.budget import Budget, archive_count, budget_for, kv_share_tokens, trigger
+from vllm_pamer.core.policies.pamer.ahead import Ahead, AheadWrites
+from vllm_pamer.core.policies.pamer.budget import (
+    CHARS_PER_TOKEN,
+    Budget,
+    Choice,
+    Offset,
+    Plan,
+    answer_room,
+    archive_count,
+    budget_for,
+    chars_per_token,
+    kv_share_tokens,
+    trigger,
+)
 from vllm_pamer.core.policies.pamer.config import BudgetConfig
 from vllm_pamer.core.policies.pamer.memory import (
     MemoryKind,
@@ -59,64 +72,6 @@ from vllm_pamer.core.policies.pamer.shown import ShownMemories
 from vllm_pamer.core.policies.summary_writer import StepFailure, step_details
 from vllm_pamer.core.store import NO_EMBEDDING, Memory, StoreError
 from vllm_pamer.core.view import ContextView, context_view, flatten
-
-CHARS_PER_TOKEN = 3.5
-"""Characters a token, where a budget in tokens must become one in characters
-before anything is counted: choosing the memories to show after a restart runs
-on every request until a compaction, where a template count (``core/tokens.py``)
-of each candidate costs more than the choice is worth; a compaction uses the conversation's own ratio."""
-
-
-ANSWER_SHARE = 0.25
-"""The most of the window a request's own answer length reserves in the
-window check; a longer one (beyond what the window could ever give) does not
-force a compaction on every request."""
-
-
-def answer_room(request: PolicyRequest, services: EngineServices) -> int:
-    """Tokens the request's answer needs beside its prompt."""
-    return max(0, min(request.answer_tokens or 0, int(ANSWER_SHARE * services.max_model_len)))
-
-
-class _Offset(msgspec.Struct, frozen=True):
-    """sent tokens = the request's tokens as received - ``tokens``, while the
-    covered blocks and the memories shown are these."""
-
-    covered: int
-    shown: tuple[int, ...]
-    tokens: int
-
-
-class _Plan(msgspec.Struct, frozen=True):
-    """The blocks a compaction now would archive (the ``count`` oldest live ones)
-    and the room it keeps for the new memory's record."""
-
-    count: int
-    prefix_tokens: int
-    block_tokens: list[int]
-    record_tokens: int
-
-    @property
-    def archived_tokens(self) -> int:
-        return sum(self.block_tokens[: self.count])
-
-
-class _Choice(msgspec.Struct, frozen=True):
-    """What the schedule decided for one request (``decide``), for the action."""
-
-    view: ContextView
-    budget: Budget
-    searchable: list[Memory]
-    """The session's memories of the current embedder (the others still cover their blocks)."""
-    shown: list[Memory]
-    """The memories the request shows: those the last compaction chose."""
-    sent: list[Message]
-    """The request as it goes out without a compaction: P + the memories + the live blocks."""
-    report: ScheduleReport
-    trigger: Trigger | None = None
-    """Why the request compacts (None: it does not)."""
-    plan: _Plan | None = None
-    """The blocks the compaction archives."""
 
 
 class BudgetSchedule:
@@ -141,8 +96,9 @@ class BudgetSchedule:
             MAX_TRACKED_SESSIONS, config.kv_share_idle_s, timer=lambda: self.clock()
         )
         self.shown = ShownMemories(kind, config.top_k)
-        self._offset: LRUCache[str, _Offset] = LRUCache(MAX_TRACKED_SESSIONS)
+        self._offset: LRUCache[str, Offset] = LRUCache(MAX_TRACKED_SESSIONS)
         self._tokens: LRUCache[str, int] = LRUCache(10 * MAX_TRACKED_SESSIONS)  # by block id / text
+        self.ahead = AheadWrites(lambda: self.clock())
 
     async def on_vote(self, session_id: str, vote: HeadVote, context: PolicyContext) -> None:
         """The vote is read at the session's next request (``decide``)."""
@@ -157,11 +113,44 @@ class BudgetSchedule:
         except StoreError as exc:
             await context.store.log_event(request.session_id, Fallback.STORAGE_FAILURE.value, {"error": str(exc)})
             return PolicyDecision.fallback(request.conversation.messages(), Fallback.STORAGE_FAILURE, str(exc))
+        if self.config.write_ahead:
+            return await self._ahead(request, context, choice, notes)
         if choice.trigger is not None and choice.plan is not None:
             return await self.compact(request, context, choice, choice.plan, choice.trigger, notes)
         return self.send(request, context, choice, notes)
 
-    # -- counts -------------------------------------------------------------------
+    async def _ahead(
+        self, request: PolicyRequest, context: PolicyContext, choice: Choice, notes: list[str]
+    ) -> PolicyDecision:
+        """``write_ahead``: compact with a memory written ahead once it is
+        ready; a compaction called for while the request fits starts one and
+        sends the request as it is; only the window waits (``ahead.py``)."""
+        session, live = request.session_id, list(choice.view.live)
+        pending = self.ahead.pending(session)
+        if pending is not None and not pending.covers([b.block_id for b in live]):
+            self.ahead.take(session)
+            pending.task.cancel()
+            await context.store.log_event(session, "compression_abandoned", {"blocks": len(pending.block_ids)})
+            pending = None
+        if pending is not None and (pending.task.done() or choice.trigger == "window"):
+            self.ahead.take(session)
+            plan = self._plan(choice.view, choice.budget, context.services)
+            plan = msgspec.structs.replace(plan, count=len(pending.block_ids))
+            return await self.compact(request, context, choice, plan, pending.trigger, notes, pending)
+        if choice.trigger is None or choice.plan is None:
+            return self.send(request, context, choice, notes)
+        if choice.trigger == "window":  # the one request that waits for its memory
+            return await self.compact(request, context, choice, choice.plan, choice.trigger, notes)
+        if pending is None:
+            archived, kept = live[: choice.plan.count], live[choice.plan.count :]
+            detail = {"blocks": len(archived), "sent_tokens": choice.report.sent_tokens, "trigger": choice.trigger}
+            await context.store.log_event(session, "compression_started", {**detail, "ahead": True})
+            record_chars = int(choice.plan.record_tokens * chars_per_token(archived, choice.plan))
+            work = self._memory(request, context, choice, archived, kept, record_chars)
+            pending = self.ahead.start(session, [b.block_id for b in archived], choice.trigger, work)
+        notes.append(f"{choice.trigger}: a memory of {len(pending.block_ids)} blocks is written ahead; sent as is")
+        return self.send(request, context, choice, notes)
+
     def _count(self, key: str, messages: list[Message], services: EngineServices) -> int:
         if key not in self._tokens:
             self._tokens[key] = services.count_tokens(messages)
@@ -187,13 +176,12 @@ class BudgetSchedule:
             return received - offset.tokens
         tokens = services.prompt_tokens(sent, request.tools)
         if received is not None:
-            self._offset[request.session_id] = _Offset(view.covered, shown, received - tokens)
+            self._offset[request.session_id] = Offset(view.covered, shown, received - tokens)
         return tokens
 
-    # -- the decision -----------------------------------------------------------------
     async def decide(
         self, request: PolicyRequest, context: PolicyContext, memories: list[Memory], notes: list[str]
-    ) -> _Choice:
+    ) -> Choice:
         """What the request sends without a compaction, and whether it compacts."""
         cfg = self.config
         store, services, session = context.store, context.services, request.session_id
@@ -219,7 +207,10 @@ class BudgetSchedule:
         shown = [by_id[i] for i in shown_ids]
         sent = list(view.prefix) + shown_messages(self.kind, shown) + flatten(view.live)
         sent_tokens = self._sent_tokens(request, view, shown_ids, sent, services)
-        fits = not services.max_model_len or sent_tokens + answer_room(request, services) < services.max_model_len
+        fits = (
+            not services.max_model_len
+            or sent_tokens + answer_room(request.answer_tokens, services.max_model_len) < services.max_model_len
+        )
         vote = request.previous_vote
         why = trigger(budget, sent_tokens, fits, vote.compress_vote if vote is not None else None)
         plan = self._plan(view, budget, services) if why is not None else None
@@ -241,9 +232,9 @@ class BudgetSchedule:
             await store.log_event(session, "probe_missing", {"sent_tokens": sent_tokens})
         if plan is None or len(view.live) <= cfg.retained_blocks:
             why = None  # nothing old enough to archive
-        return _Choice(view, budget, searchable, shown, sent, report, why, plan if why is not None else None)
+        return Choice(view, budget, searchable, shown, sent, report, why, plan if why is not None else None)
 
-    def _plan(self, view: ContextView, budget: Budget, services: EngineServices) -> _Plan:
+    def _plan(self, view: ContextView, budget: Budget, services: EngineServices) -> Plan:
         """Which blocks a compaction now would archive: the oldest, until the
         prefix, the new memory (its summary and its record's share of the
         budget) and the blocks left reach the target; R stays raw unless it alone keeps the
@@ -261,10 +252,9 @@ class BudgetSchedule:
         count = archive_count(block_tokens, least, budget.target, cfg.retained_blocks)
         if least + sum(block_tokens[count:]) > budget.target:
             count = archive_count(block_tokens, least, budget.target, 1)
-        return _Plan(count, prefix_tokens, block_tokens, record_tokens)
+        return Plan(count, prefix_tokens, block_tokens, record_tokens)
 
-    # -- the actions ------------------------------------------------------------------
-    def send(self, request: PolicyRequest, context: PolicyContext, choice: _Choice, notes: list[str]) -> PolicyDecision:
+    def send(self, request: PolicyRequest, context: PolicyContext, choice: Choice, notes: list[str]) -> PolicyDecision:
         """No compaction: P + the memories shown + the live blocks, append-only."""
         if not choice.view.covered and not choice.shown:
             return PolicyDecision(request.conversation.messages(), "none", "; ".join(notes), schedule=choice.report)
@@ -285,7 +275,7 @@ class BudgetSchedule:
         self,
         request: PolicyRequest,
         context: PolicyContext,
-        choice: _Choice,
+        choice: Choice,
         archived: list[Block],
         kept: list[Block],
         record_chars: int,
@@ -314,13 +304,15 @@ class BudgetSchedule:
         self,
         request: PolicyRequest,
         context: PolicyContext,
-        choice: _Choice,
-        plan: _Plan,
+        choice: Choice,
+        plan: Plan,
         why: Trigger,
         notes: list[str],
+        ahead: Ahead | None = None,
     ) -> PolicyDecision:
-        """The compaction transaction: write the memory, store it with the raw
-        blocks, and only then send P + the memories chosen + the kept blocks."""
+        """The compaction transaction: write the memory (or take the one
+        written ahead), store it with the raw blocks, and only then send P +
+        the memories chosen + the kept blocks."""
         cfg = self.config
         store, services, session = context.store, context.services, request.session_id
         view, budget, report = choice.view, choice.budget, choice.report
@@ -334,14 +326,17 @@ class BudgetSchedule:
         # the memories shown take what the target leaves beside the prefix and the kept blocks,
         # within memory_share; the new one (its record has record_share) is shown whatever its size
         room = min(cfg.memory_share * budget.budget, max(0, budget.target - prefix_tokens - kept_tokens))
-        await store.log_event(
-            session, "compression_started", {"blocks": len(archived), "sent_tokens": report.sent_tokens, "trigger": why}
-        )
-        chars = sum(len(str(m.get("content") or "")) for m in flatten(archived))
-        chars_per_token = max(2.0, chars / max(1, sum(block_tokens[:count])))  # this conversation's own
+        if ahead is None:
+            detail = {"blocks": len(archived), "sent_tokens": report.sent_tokens, "trigger": why}
+            await store.log_event(session, "compression_started", detail)
+        ratio = chars_per_token(archived, plan)
+        waiting, ready = self.clock(), ahead is not None and ahead.task.done()
         try:
-            record_chars = int(plan.record_tokens * chars_per_token)
-            text, embedding = await self._memory(request, context, choice, archived, kept, record_chars)
+            if ahead is not None:
+                text, embedding = await ahead.task
+            else:
+                record_chars = int(plan.record_tokens * ratio)
+                text, embedding = await self._memory(request, context, choice, archived, kept, record_chars)
         except StoreError as exc:
             await store.log_event(session, Fallback.STORAGE_FAILURE.value, {"error": str(exc)})
             return PolicyDecision.fallback(original, Fallback.STORAGE_FAILURE, str(exc), schedule=report)
@@ -358,7 +353,7 @@ class BudgetSchedule:
         elif self.kind == "masked":
             chosen = self.shown.choose(candidates, None, int(room), self._masked_size(services))
         else:
-            memory_chars = int(room * chars_per_token)  # the newest is shown whatever its size
+            memory_chars = int(room * ratio)  # the newest is shown whatever its size
             query = captured_query(cfg, request, services, searchable) if searchable else None
             chosen = self.shown.choose(candidates, query, memory_chars)
         reduced = prefix + shown_messages(self.kind, chosen) + flatten(kept)
@@ -379,7 +374,7 @@ class BudgetSchedule:
         self.shown.keep(session, shown_ids)
         if request.prompt_tokens is not None:
             covered = view.covered + len(archived)
-            self._offset[session] = _Offset(covered, shown_ids, request.prompt_tokens - reduced_tokens)
+            self._offset[session] = Offset(covered, shown_ids, request.prompt_tokens - reduced_tokens)
         await store.log_event(
             session,
             "compressed",
@@ -393,7 +388,11 @@ class BudgetSchedule:
             },
         )
         notes.append(f"{why}: archived {len(archived)} blocks as memory {memory_id}; cache break {cache_break} tokens")
-        done = msgspec.structs.replace(report, trigger=why, cache_break_tokens=cache_break)
+        written = ahead.finished - ahead.started if ahead is not None and ahead.finished is not None else None
+        seconds = written if ready and written is not None else self.clock() - waiting
+        done = msgspec.structs.replace(
+            report, trigger=why, cache_break_tokens=cache_break, memory_seconds=seconds, memory_ahead=ready
+        )
         inserted_tokens = services.count_tokens(inserted) if inserted else 0
         return PolicyDecision(
             reduced, "compressed", "; ".join(notes), inserted_tokens, recalled=shown_ids, schedule=done

@@ -90,6 +90,12 @@ class BudgetConfig(PamerOptions, frozen=True):
     ``benchmarks/RESULTS.md``, "A budget from the KV cache's capacity")."""
     kv_share_idle_s: float = 60.0
     """A session with no request for this long no longer shares the KV cache."""
+    write_ahead: bool = False
+    """When a compaction is called for and the request still fits the window,
+    write the memory in the background and send the request as it is; the
+    session's first request after the memory is ready compacts with it
+    (``ahead.py``). Only a request the window cannot hold waits for a memory.
+    Off: the request that calls for the compaction waits for its memory."""
     kv_pressure_summary: bool = True
     """Write a summary while KV pressure or ``kv_share`` has shrunk the budget.
     Off: the memory is the verbatim record alone, embedded by the state the

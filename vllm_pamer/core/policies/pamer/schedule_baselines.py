@@ -45,6 +45,7 @@ SCHEDULE_OPTIONS = frozenset(
         "vote_under_kv_pressure",
         "kv_share",
         "kv_share_idle_s",
+        "write_ahead",
     }
 )
 """What the budget schedule itself reads (``budget.py``, ``budget_schedule.py``'s decision)."""

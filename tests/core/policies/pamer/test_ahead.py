@@ -1,0 +1,124 @@
+"""Memories written ahead of need (``core/policies/pamer/ahead.py``, the budget
+schedule's ``write_ahead``) on a real SQLite store with the deterministic
+engine of tests/support/fakes.py, its summaries slowed down: the request that
+calls for a compaction goes out as it is, the first one after the memory is
+ready compacts with it, only a request the window cannot hold waits, and a
+memory whose blocks are no longer the oldest is abandoned. Every
+``compression_started`` ends in an event."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tests.support.fakes import KEEP, FakeEngine, conversation
+from vllm_pamer.core.blocks import protocol_issues, split_conversation
+from vllm_pamer.core.pipeline import rewrite_request
+from vllm_pamer.core.policies import PolicyContext, PolicyRequest, create_policy
+
+# conversation(n) is about 32 + 231 n tokens; the band is 1,500-2,000 (test_budget_schedule.py)
+BUDGET = {"context_budget": 2000, "band_share": 0.25, "target_share": 0.5, "record_share": 0.2, "memory_share": 0.35}
+
+
+class Session:
+    """One agent session, every request in one event loop (a memory written
+    ahead is a task of that loop)."""
+
+    def __init__(self, store, services, write_ahead=True, session="s1"):
+        self.policy = create_policy("pamer", {**BUDGET, "write_ahead": write_ahead})
+        self.context, self.services, self.session = PolicyContext(store, services), services, session
+
+    async def send(self, messages, vote=KEEP):
+        tokens = self.services.count_tokens(messages)
+        request = PolicyRequest(
+            messages=messages, session_id=self.session, previous_vote=vote, context=self.context, prompt_tokens=tokens
+        )
+        return await rewrite_request(self.policy, request)
+
+
+def _ends(events):
+    """Every compression_started is followed by its end (compressed, abandoned or a failure)."""
+    started = ends = 0
+    for event in events:
+        started += event["kind"] == "compression_started"
+        ends += event["kind"] in ("compressed", "compression_abandoned", "summary_failure", "storage_failure")
+    return started, ends
+
+
+def test_the_request_that_calls_for_a_compaction_goes_out_as_it_is(store):
+    """At the band's top the memory is written in the background and the
+    request is sent whole; the first request after it is ready compacts with
+    the blocks a synchronous compaction would have archived."""
+
+    async def scenario():
+        ahead = Session(store, FakeEngine(window=8192, summary_delay=0.3))
+        first = await ahead.send(conversation(9))  # ~2,100 tokens: the band's top, fits the window
+        stored_then = (await store.load("s1")).memories
+        await asyncio.sleep(0.6)  # the agent's tools run; the memory is written
+        second = await ahead.send(conversation(10))
+        synchronous = Session(store, FakeEngine(window=8192), write_ahead=False, session="s2")
+        reference = await synchronous.send(conversation(9))
+        return first, stored_then, second, reference
+
+    first, stored_then, second, reference = asyncio.run(scenario())
+    assert first.action == "none" and first.schedule.trigger is None and "written ahead" in first.detail
+    assert first.messages == conversation(9) and stored_then == []
+    assert second.action == "compressed" and second.schedule.trigger == "top_of_band"
+    assert second.schedule.memory_ahead and second.schedule.memory_seconds >= 0.3
+    assert protocol_issues(second.messages) == [] and second.messages[-2:] == conversation(10)[-2:]
+    assert reference.action == "compressed" and not reference.schedule.memory_ahead
+    [memory] = asyncio.run(store.load("s1")).memories
+    [expected] = asyncio.run(store.load("s2")).memories
+    blocks = split_conversation(conversation(10)).blocks
+    assert len(memory.covered_block_ids) == len(expected.covered_block_ids)
+    assert list(memory.covered_block_ids) == [b.block_id for b in blocks[: len(memory.covered_block_ids)]]
+    assert _ends(asyncio.run(store.events("s1"))) == (1, 1)
+
+
+def test_only_a_request_the_window_cannot_hold_waits(store):
+    async def scenario():
+        session = Session(store, FakeEngine(window=2_600, summary_delay=0.3))
+        first = await session.send(conversation(9))  # fits: the memory starts
+        over = await session.send(conversation(12))  # ~2,800 tokens: past the window, so it waits
+        return first, over
+
+    first, over = asyncio.run(scenario())
+    assert first.action == "none" and "written ahead" in first.detail
+    assert over.action == "compressed" and not over.schedule.memory_ahead and over.schedule.memory_seconds > 0.1
+    assert over.schedule.trigger == "top_of_band"  # the compaction the memory was started for
+    assert FakeEngine().count_tokens(over.messages) < 2_600 and protocol_issues(over.messages) == []
+    assert _ends(asyncio.run(store.events("s1"))) == (1, 1)
+
+
+def test_a_memory_whose_blocks_are_no_longer_the_oldest_is_abandoned(store):
+    """Another process compacted the session, or the agent edited its
+    history: the memory in flight no longer archives the oldest live blocks,
+    so it is dropped (nothing was stored) and a new one starts."""
+
+    async def scenario():
+        session = Session(store, FakeEngine(window=8192, summary_delay=0.3))
+        await session.send(conversation(9))
+        edited = conversation(9, chars=901)  # the same steps, other results
+        second = await session.send(edited)
+        await asyncio.sleep(0.6)
+        third = await session.send(edited + conversation(10)[-2:])
+        return second, third
+
+    second, third = asyncio.run(scenario())
+    assert second.action == "none" and "written ahead" in second.detail
+    assert third.action == "compressed" and third.schedule.memory_ahead
+    kinds = [e["kind"] for e in asyncio.run(store.events("s1"))]
+    assert kinds.count("compression_abandoned") == 1 and kinds.count("compressed") == 1
+    assert _ends(asyncio.run(store.events("s1"))) == (2, 2)
+
+
+def test_a_failed_memory_written_ahead_sends_the_request_whole(store):
+    async def scenario():
+        session = Session(store, FakeEngine(window=8192, summary_error=RuntimeError("engine down")))
+        await session.send(conversation(9))
+        await asyncio.sleep(0.1)
+        return await session.send(conversation(10))
+
+    out = asyncio.run(scenario())
+    assert out.fallback_rule is not None and out.messages == conversation(10)
+    assert asyncio.run(store.load("s1")).memories == []
+    assert _ends(asyncio.run(store.events("s1"))) == (1, 1)
