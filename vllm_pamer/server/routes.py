@@ -297,6 +297,8 @@ async def session_info(session_id: str, raw_request: Request) -> Response:
     if session is None and not loaded.memories:
         return error_response(404, f"no session {session_id!r}")
     content: dict[str, Any] = session.summary() if session is not None else {}
+    if session is not None and session.policy in state.policies_made():
+        content["memory_in_flight"] = state.policy(session.policy).in_flight(key)
     content["session_id"] = session_id
     content["memories"] = [m.public() for m in loaded.memories]
     content["events"] = events

@@ -63,6 +63,10 @@ class ServerState:
         self.context = PolicyContext(self.store, self.services)
         self.sessions.on_evict = self.services.drop_memories
 
+    def policies_made(self) -> set[str]:
+        """The policies this process has made (the others hold nothing in flight)."""
+        return set(self._policies)
+
     def policy(self, name: str, options: dict | None = None) -> MemoryPolicy:
         """The policy instance for ``name`` (created once; raises UnknownPolicy)."""
         if name not in self._policies:

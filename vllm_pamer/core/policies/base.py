@@ -201,6 +201,11 @@ class MemoryPolicy(ABC):
         """Called when the vote of a session's request arrives (at its prefill,
         before the response ends). Must return quickly; default: nothing."""
 
+    def in_flight(self, session_id: str) -> dict[str, Any] | None:
+        """A memory this process is writing ahead for the session (the session
+        route shows it); None: none (the default)."""
+        return None
+
 
 class UnknownPolicy(ValueError):
     pass

@@ -53,13 +53,18 @@ def test_the_request_that_calls_for_a_compaction_goes_out_as_it_is(store):
         ahead = Session(store, FakeEngine(window=8192, summary_delay=0.3))
         first = await ahead.send(conversation(9))  # ~2,100 tokens: the band's top, fits the window
         stored_then = (await store.load("s1")).memories
+        shown = [ahead.policy.in_flight("s1")]  # what the session route shows
         await asyncio.sleep(0.6)  # the agent's tools run; the memory is written
+        shown.append(ahead.policy.in_flight("s1"))
         second = await ahead.send(conversation(10))
+        shown.append(ahead.policy.in_flight("s1"))
         synchronous = Session(store, FakeEngine(window=8192), write_ahead=False, session="s2")
         reference = await synchronous.send(conversation(9))
-        return first, stored_then, second, reference
+        return first, stored_then, second, reference, shown
 
-    first, stored_then, second, reference = asyncio.run(scenario())
+    first, stored_then, second, reference, shown = asyncio.run(scenario())
+    assert shown[0]["trigger"] == "top_of_band" and not shown[0]["ready"] and shown[0]["blocks"] > 0
+    assert shown[1]["ready"] and shown[1]["seconds"] >= 0.3 and shown[2] is None
     assert first.action == "none" and first.schedule.trigger is None and "written ahead" in first.detail
     assert first.messages == conversation(9) and stored_then == []
     assert second.action == "compressed" and second.schedule.trigger == "top_of_band"

@@ -63,6 +63,19 @@ class Pamer(MemoryPolicy):
     async def on_vote(self, session_id: str, vote: HeadVote, context: PolicyContext) -> None:
         await self.schedule.on_vote(session_id, vote, context)
 
+    def in_flight(self, session_id: str) -> dict[str, Any] | None:
+        schedule = self.schedule
+        if not isinstance(schedule, BudgetSchedule) or (pending := schedule.ahead.pending(session_id)) is None:
+            return None
+        ended = pending.finished if pending.finished is not None else schedule.clock()
+        seconds = round(ended - pending.started, 3)
+        return {
+            "blocks": len(pending.block_ids),
+            "trigger": pending.trigger,
+            "ready": pending.task.done(),
+            "seconds": seconds,
+        }
+
     async def rewrite(self, request: PolicyRequest) -> PolicyDecision:
         context = self.needs_context(request)
         try:
