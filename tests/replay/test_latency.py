@@ -7,7 +7,7 @@ from vllm_pamer.replay.latency import latency_table
 from vllm_pamer.replay.records import StepRecord
 
 
-def rec(policy: str, step: int, latency: float, action: str = "none", status: str = "ok") -> StepRecord:
+def rec(policy: str, step: int, latency: float, action: str = "none", status: str = "ok", schedule=None) -> StepRecord:
     return StepRecord(
         policy=policy,
         trajectory_id="t",
@@ -16,7 +16,7 @@ def rec(policy: str, step: int, latency: float, action: str = "none", status: st
         message_index=2 * step + 2,
         status=status,
         latency_s=latency,
-        pamer={"action": action},
+        pamer={"action": action, "schedule": schedule},
     )
 
 
@@ -28,3 +28,18 @@ def test_compacting_requests_are_read_apart_from_the_others():
     assert cells["pamer"]["compacting max s"] == "30.0" and cells["pamer"]["others p95 s"] == "1.0"
     assert cells["recent_k"]["answered"] == "10" and cells["recent_k"]["max s"] == "2.0"  # the error is not answered
     assert latency_table([]) == ""
+
+
+def test_a_memory_written_ahead_is_no_wait():
+    inline = {"memory_seconds": 12.5, "memory_ahead": False}
+    ahead = {"memory_seconds": 9.0, "memory_ahead": True}
+    records = [
+        rec("pamer", 0, 14.0, "compressed", schedule=inline),
+        rec("pamer", 1, 14.0, "compressed", schedule=inline),
+    ]
+    records += [rec("pamer_ahead", 0, 1.0, "compressed", schedule=ahead), rec("pamer_ahead", 1, 1.0)]
+    records += [rec("sam", 0, 5.0, "compressed")]  # no schedule report: it waited, for how long is not known
+    cells = table(latency_table(records))
+    assert (cells["pamer"]["waited"], cells["pamer"]["waited s"]) == ("2", "25.0")
+    assert (cells["pamer_ahead"]["waited"], cells["pamer_ahead"]["waited s"]) == ("0", "-")
+    assert (cells["sam"]["waited"], cells["sam"]["waited s"]) == ("1", "-")

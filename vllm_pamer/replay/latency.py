@@ -14,8 +14,10 @@ LATENCY_NOTES = """\
 Latency: seconds from sending a request to its whole answer, on the answered
 requests (on a loaded CPU they wait for each other too: compare policies
 within one run). Compacting: the requests whose rewrite compacted, which wait
-for their memory before the engine sees them; the others: every other
-answered request.
+for their memory before the engine sees them, unless it was written ahead
+(``write_ahead``); the others: every other answered request. Waited: the
+compacting requests that waited for their memory, and the seconds they waited
+in all (as the schedule reports them; blank where a policy reports none).
 """
 
 
@@ -26,6 +28,19 @@ def _percentiles(values: Sequence[float]) -> str:
     return f"{p50:.1f} | {p95:.1f} | {max(values):.1f}"
 
 
+def waited_s(record: StepRecord) -> float | None:
+    """The seconds a compacting request waited for its memory (0.0: it did
+    not wait, written ahead; NaN: it waited, its policy reports no time; None: no compaction)."""
+    pamer = record.pamer or {}
+    if pamer.get("action") != "compressed":
+        return None
+    schedule = pamer.get("schedule") or {}
+    if schedule.get("memory_ahead"):
+        return 0.0
+    seconds = schedule.get("memory_seconds")
+    return float(seconds) if seconds is not None else float("nan")
+
+
 def latency_table(records: Sequence[StepRecord]) -> str:
     """One row per policy: p50 / p95 / max latency of its answered requests,
     of those that compacted and of the others; empty without records."""
@@ -34,16 +49,19 @@ def latency_table(records: Sequence[StepRecord]) -> str:
         return ""
     lines = [
         "| policy | answered | p50 s | p95 s | max s | compacting | compacting p50 s | compacting p95 s "
-        "| compacting max s | others p95 s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| compacting max s | others p95 s | waited | waited s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for policy in policies:
         ok = [r for r in records if r.policy == policy and r.status == "ok"]
         compacting = [r.latency_s for r in ok if (r.pamer or {}).get("action") == "compressed"]
         others = [r.latency_s for r in ok if (r.pamer or {}).get("action") != "compressed"]
         other_p95 = f"{np.percentile(others, 95):.1f}" if others else "-"
+        waits = [w for w in map(waited_s, ok) if w is not None and w != 0.0]
+        known = [w for w in waits if not np.isnan(w)]
+        total = f"{sum(known):.1f}" if known else "-"
         lines.append(
             f"| {policy} | {len(ok)} | {_percentiles([r.latency_s for r in ok])} | {len(compacting)} | "
-            f"{_percentiles(compacting)} | {other_p95} |"
+            f"{_percentiles(compacting)} | {other_p95} | {len(waits)} | {total} |"
         )
     return "\n".join(lines)
