@@ -62,6 +62,7 @@ RUN_OPTIONS = (
     "split",
     "context_budget",
     "likelihood",
+    "tool_seconds",
 )
 """What a resumed run must repeat (settings.json)."""
 
@@ -131,6 +132,13 @@ def main() -> None:
         action="store_true",
         help="after each policy's run, score each answered request's recorded next action given what was sent "
         "(teacher forced; a full prefill a request)",
+    )
+    parser.add_argument(
+        "--tool-seconds",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds a session waits between an answer and its next request (its tools running; default 0)",
     )
     parser.add_argument("--group-size", type=int, default=4, help="trajectories per group (default %(default)s)")
     parser.add_argument("--swe-group-size", type=int, default=None, help="for mini-swe (default: --group-size)")
@@ -202,6 +210,7 @@ def main() -> None:
         reset_prefix_cache=True,
         context_budget=budgets,
         likelihood=args.likelihood,
+        tool_s=args.tool_seconds or 0.0,
     )
     rerun = [p for p in args.rerun.split(",") if p]
     commits = sit(run, replay, own_server, args.stop_after_min, rerun, args.report_only)

@@ -67,10 +67,10 @@ class FakeServer:
         return httpx.Response(200, json={"choices": [{"message": message}], "usage": usage, "pamer": pamer})
 
 
-def run(policy: str, trajectories, concurrency: int = 1):
+def run(policy: str, trajectories, concurrency: int = 1, tool_s: float = 0.0):
     server = FakeServer()
     settings = ReplaySettings(
-        url="http://fake", max_tokens=8, concurrency=concurrency, kv_interval_s=0.01, progress=False
+        url="http://fake", max_tokens=8, concurrency=concurrency, kv_interval_s=0.01, progress=False, tool_s=tool_s
     )
 
     async def go():
@@ -115,6 +115,12 @@ def test_sessions_run_concurrently_but_steps_in_order():
     first_three = {s for s, _ in server.seen[:3]}
     assert len(first_three) == 3  # all three sessions were in flight at once
     assert all(r.chars_share == 1.0 for r in records if r.status == "ok")
+
+
+def test_a_session_waits_its_tool_time_between_steps():
+    _, records, summary = run("none", [SWE], tool_s=0.2)
+    assert len(records) == 4 and summary.elapsed_s >= 3 * 0.2  # between its 4 steps, not before the first
+    assert all(r.latency_s < 0.2 for r in records)  # the tool time is no request's latency
 
 
 def test_model_action():

@@ -39,6 +39,7 @@ RUN_OPTIONS = (
     "split",
     "context_budget",
     "likelihood",
+    "tool_seconds",
     "limit_trajectories",
     "max_steps",
     "group_size",
@@ -121,6 +122,13 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="after each policy's run, score each answered request's recorded next action given what the policy "
         "sent (teacher forced through the server's prompt log-probabilities; a full prefill a request)",
+    )
+    parser.add_argument(
+        "--tool-seconds",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds a session waits between an answer and its next request (its tools running; default 0)",
     )
     parser.add_argument(
         "--api",
@@ -219,6 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         reset_prefix_cache=args.reset_prefix_cache,
         context_budget=budgets,
         likelihood=args.likelihood,
+        tool_s=args.tool_seconds or 0.0,
         api=args.api,
     )
     plans = plan_replay(tqdm(trajectories, desc="evidence", unit="traj", disable=args.no_progress), args.max_steps)

@@ -118,6 +118,9 @@ class ReplaySettings:
     budget runs at the same one; None: each policy's own."""
     api: wire.Api = "chat"
     """The API the steps are sent through (``wire.py``)."""
+    tool_s: float = 0.0
+    """Seconds a session waits between an answer and its next request (the
+    agent's tools running), in which a memory written ahead can be written."""
     likelihood: bool = False
     """After a policy's run (its metrics already read), score each answered
     request's recorded next action given what the policy sent
@@ -285,7 +288,9 @@ async def replay_policy(
     async def run_session(plan: TrajectoryPlan) -> None:
         session_id = f"{policy}-{uuid.uuid4().hex[:12]}"
         async with gate:
-            for step in plan.steps:  # an agent waits for each answer before its next request
+            for i, step in enumerate(plan.steps):  # an agent waits for each answer before its next request
+                if i and settings.tool_s:
+                    await asyncio.sleep(settings.tool_s)  # its tools run
                 records.append(await send_step(client, settings, model, policy, session_id, plan, step, kept))
                 bar.update(1)
 
