@@ -153,7 +153,9 @@ def simulate(
     lead over recency at the same character share."""
     engine = ModelEngine(counter, settings.window, settings.kv_usage, settings.kv_capacity)
     policy = create_policy(options.get("policy", policy_name), {k: v for k, v in options.items() if k != "policy"})
-    with tempfile.TemporaryDirectory() as tmp:
+    # one event loop for the whole run: a memory written ahead (write_ahead) is a task of it
+    loop = asyncio.new_event_loop()
+    with tempfile.TemporaryDirectory() as tmp, contextlib.closing(loop):
         context = PolicyContext(SqliteStore(Path(tmp) / "memory.sqlite3"), engine)
         votes = random.Random(settings.seed)
         needed = available = chars_in = chars_out = compactions = refused = prefill = fallbacks = 0
@@ -177,7 +179,7 @@ def simulate(
                         continue
                     trajectory, index, history, kind = item
                     vote = COMPRESS if votes.random() < settings.vote_p else KEEP
-                    out = asyncio.run(
+                    out = loop.run_until_complete(
                         rewrite_request(
                             policy,
                             PolicyRequest(

@@ -96,7 +96,7 @@ class _SummaryPolicy(MemoryPolicy):
                 summary = await write_summary(services, cfg, old, source=self._source(old, memories))
             except StepFailure as failure:
                 return await fail(failure.rule, failure)
-            archived = list({b.block_id: b for b in old}.values())  # a repeated block is stored once
+            archived = list({b.block_id: b for b in old}.values())  # ids are unique (core/blocks.py); kept as a guard
             try:
                 memory_id = await store.commit_memory(
                     session, summary, NO_EMBEDDING, NO_EMBEDDER, archived, step_details(archived)

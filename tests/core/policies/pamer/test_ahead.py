@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
+
 from tests.support.fakes import KEEP, FakeEngine, conversation
 from vllm_pamer.core.blocks import protocol_issues, split_conversation
 from vllm_pamer.core.pipeline import rewrite_request
 from vllm_pamer.core.policies import PolicyContext, PolicyRequest, create_policy
+from vllm_pamer.core.policies.pamer.ahead import AheadWrites, _InFlight
 
 # conversation(n) is about 32 + 231 n tokens; the band is 1,500-2,000 (test_budget_schedule.py)
 BUDGET = {"context_budget": 2000, "band_share": 0.25, "target_share": 0.5, "record_share": 0.2, "memory_share": 0.35}
@@ -116,7 +119,10 @@ def test_a_memory_whose_blocks_are_no_longer_the_oldest_is_abandoned(store):
     assert _ends(asyncio.run(store.events("s1"))) == (2, 2)
 
 
-def test_a_failed_memory_written_ahead_sends_the_request_whole(store):
+def test_a_failed_memory_written_ahead_sends_the_request_append_only(store):
+    """The failure is logged and the request goes out as it would with no
+    compaction called for: nothing stored, nothing removed."""
+
     async def scenario():
         session = Session(store, FakeEngine(window=8192, summary_error=RuntimeError("engine down")))
         await session.send(conversation(9))
@@ -124,6 +130,51 @@ def test_a_failed_memory_written_ahead_sends_the_request_whole(store):
         return await session.send(conversation(10))
 
     out = asyncio.run(scenario())
-    assert out.fallback_rule is not None and out.messages == conversation(10)
+    assert out.fallback_rule is None and out.messages == conversation(10) and "written ahead" in out.detail
     assert asyncio.run(store.load("s1")).memories == []
     assert _ends(asyncio.run(store.events("s1"))) == (1, 1)
+
+
+def test_a_conversation_that_outgrew_its_memory_in_flight_compacts_to_fit_the_window(store):
+    """The memory in flight archives the blocks that were old at the band's
+    top; the conversation grew past the window since, so archiving only those
+    would still not fit: it is abandoned and one compaction archives enough."""
+
+    async def scenario():
+        session = Session(store, FakeEngine(window=3_000, summary_delay=0.3))
+        first = await session.send(conversation(9))
+        over = await session.send(conversation(19))  # ~4,400 tokens
+        return first, over
+
+    first, over = asyncio.run(scenario())
+    assert first.action == "none" and "written ahead" in first.detail
+    assert over.action == "compressed" and over.schedule.trigger == "window" and not over.schedule.memory_ahead
+    assert FakeEngine().count_tokens(over.messages) < 3_000 and protocol_issues(over.messages) == []
+    events = asyncio.run(store.events("s1"))
+    assert [e["kind"] for e in events].count("compression_abandoned") == 1
+    assert _ends(events) == (2, 2)
+
+
+def test_a_memory_whose_event_loop_ended_is_abandoned_not_awaited(store):
+    """Each request in its own event loop (as a caller of asyncio.run per
+    request does): the memory's task is cancelled with its loop, so the next
+    request abandons it and starts another, and never raises."""
+    session = Session(store, FakeEngine(window=8192, summary_delay=0.3))
+    first = asyncio.run(session.send(conversation(9)))
+    second = asyncio.run(session.send(conversation(10)))
+    assert first.action == second.action == "none" and "written ahead" in second.detail
+    kinds = [e["kind"] for e in asyncio.run(store.events("s1"))]
+    assert kinds.count("compression_started") == 2 and kinds.count("compression_abandoned") == 1
+
+
+def test_a_session_dropped_from_the_tracked_ones_has_its_memory_cancelled():
+    async def scenario():
+        writes = AheadWrites(clock=lambda: 0.0)
+        writes._sessions = _InFlight(1)
+        first = writes.start("a", ["b1"], "top_of_band", asyncio.sleep(10, result=("text", np.zeros(1))))
+        writes.start("b", ["b2"], "top_of_band", asyncio.sleep(0, result=("text", np.zeros(1))))
+        await asyncio.sleep(0)
+        return first, writes.pending("a")
+
+    first, tracked = asyncio.run(scenario())
+    assert first.task.cancelled() and tracked is None

@@ -1,12 +1,9 @@
-"""Memories written ahead of need (``BudgetConfig.write_ahead``): when the
-budget schedule calls for a compaction and the request still fits the window,
-the memory of the blocks it would archive is written in the background and
-the request goes out as it is (append-only); the session's first request
-after the memory is ready compacts with it. Only a request the window cannot
-hold waits for one. Nothing is stored until that compaction commits the
-memory with its raw blocks (``budget_schedule.py``), so a crash while a
-memory is written ahead loses nothing; one memory per session is in flight
-in a process. Pure: asyncio only."""
+"""Memories written ahead of need (``BudgetConfig.write_ahead``): the ones
+in flight, one per session in a process, and their times. The flow of
+requests under it is ``ahead_schedule.py``'s. Nothing is stored until the
+compaction that takes a memory commits it with its raw blocks
+(``budget_schedule.py``), so a crash while a memory is written ahead loses
+nothing."""
 
 from __future__ import annotations
 
@@ -31,10 +28,10 @@ class Ahead:
     block_ids: tuple[str, ...]
     """The blocks it archives: the oldest live blocks when it started."""
     trigger: Trigger
-    task: asyncio.Task[Written]
     started: float
     finished: float | None = field(default=None)
-    """When the task ended (the schedule's clock; None: still running)."""
+    """When the writing ended (the schedule's clock; None: still running)."""
+    task: asyncio.Task[Written] = field(init=False)
 
     def covers(self, live_ids: Sequence[str]) -> bool:
         """Whether its blocks are still the oldest live ones (not archived by
@@ -49,13 +46,22 @@ def _settle(task: asyncio.Task[Written]) -> None:
         task.exception()
 
 
+class _InFlight(LRUCache[str, Ahead]):
+    """An evicted session's memory is cancelled: nothing would take it."""
+
+    def popitem(self) -> tuple[str, Ahead]:
+        session, ahead = super().popitem()
+        ahead.task.cancel()
+        return session, ahead
+
+
 class AheadWrites:
-    """The memories in flight, by session (least recently used dropped past
-    ``MAX_TRACKED_SESSIONS``; a dropped one is written to no effect)."""
+    """The memories in flight, by session (least recently used dropped, and
+    cancelled, past ``MAX_TRACKED_SESSIONS``)."""
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self.clock = clock
-        self._sessions: LRUCache[str, Ahead] = LRUCache(MAX_TRACKED_SESSIONS)
+        self._sessions = _InFlight(MAX_TRACKED_SESSIONS)
 
     def pending(self, session: str) -> Ahead | None:
         return self._sessions.get(session)
@@ -63,14 +69,20 @@ class AheadWrites:
     def start(
         self, session: str, block_ids: Sequence[str], trigger: Trigger, work: Coroutine[Any, Any, Written]
     ) -> Ahead:
-        task = asyncio.ensure_future(work)
-        ahead = Ahead(tuple(block_ids), trigger, task, self.clock())
+        ahead = Ahead(tuple(block_ids), trigger, self.clock())
 
-        def done(finished: asyncio.Task[Written]) -> None:
-            ahead.finished = self.clock()
-            _settle(finished)
+        async def timed() -> Written:
+            try:
+                return await work
+            finally:  # set before the task is done, so a done task has its time
+                ahead.finished = self.clock()
 
-        task.add_done_callback(done)
+        def settle(task: asyncio.Task[Written]) -> None:
+            work.close()  # a task cancelled before it ran never started ``work``
+            _settle(task)
+
+        ahead.task = asyncio.ensure_future(timed())
+        ahead.task.add_done_callback(settle)
         self._sessions[session] = ahead
         return ahead
 

@@ -43,7 +43,7 @@ from vllm_pamer.core.policies.base import (
     ScheduleReport,
     Trigger,
 )
-from vllm_pamer.core.policies.pamer.ahead import Ahead, AheadWrites
+from vllm_pamer.core.policies.pamer.ahead import Ahead
 from vllm_pamer.core.policies.pamer.budget import (
     CHARS_PER_TOKEN,
     Budget,
@@ -98,7 +98,6 @@ class BudgetSchedule:
         self.shown = ShownMemories(kind, config.top_k)
         self._offset: LRUCache[str, Offset] = LRUCache(MAX_TRACKED_SESSIONS)
         self._tokens: LRUCache[str, int] = LRUCache(10 * MAX_TRACKED_SESSIONS)  # by block id / text
-        self.ahead = AheadWrites(lambda: self.clock())
 
     async def on_vote(self, session_id: str, vote: HeadVote, context: PolicyContext) -> None:
         """The vote is read at the session's next request (``decide``)."""
@@ -113,42 +112,15 @@ class BudgetSchedule:
         except StoreError as exc:
             await context.store.log_event(request.session_id, Fallback.STORAGE_FAILURE.value, {"error": str(exc)})
             return PolicyDecision.fallback(request.conversation.messages(), Fallback.STORAGE_FAILURE, str(exc))
-        if self.config.write_ahead:
-            return await self._ahead(request, context, choice, notes)
-        if choice.trigger is not None and choice.plan is not None:
-            return await self.compact(request, context, choice, choice.plan, choice.trigger, notes)
-        return self.send(request, context, choice, notes)
+        return await self.act(request, context, choice, notes)
 
-    async def _ahead(
+    async def act(
         self, request: PolicyRequest, context: PolicyContext, choice: Choice, notes: list[str]
     ) -> PolicyDecision:
-        """``write_ahead``: compact with a memory written ahead once it is
-        ready; a compaction called for while the request fits starts one and
-        sends the request as it is; only the window waits (``ahead.py``)."""
-        session, live = request.session_id, list(choice.view.live)
-        pending = self.ahead.pending(session)
-        if pending is not None and not pending.covers([b.block_id for b in live]):
-            self.ahead.take(session)
-            pending.task.cancel()
-            await context.store.log_event(session, "compression_abandoned", {"blocks": len(pending.block_ids)})
-            pending = None
-        if pending is not None and (pending.task.done() or choice.trigger == "window"):
-            self.ahead.take(session)
-            plan = self._plan(choice.view, choice.budget, context.services)
-            plan = msgspec.structs.replace(plan, count=len(pending.block_ids))
-            return await self.compact(request, context, choice, plan, pending.trigger, notes, pending)
-        if choice.trigger is None or choice.plan is None:
-            return self.send(request, context, choice, notes)
-        if choice.trigger == "window":  # the one request that waits for its memory
+        """Compact now if the decision says so, else send append-only
+        (``ahead_schedule.py`` acts otherwise under ``write_ahead``)."""
+        if choice.trigger is not None and choice.plan is not None:
             return await self.compact(request, context, choice, choice.plan, choice.trigger, notes)
-        if pending is None:
-            archived, kept = live[: choice.plan.count], live[choice.plan.count :]
-            detail = {"blocks": len(archived), "sent_tokens": choice.report.sent_tokens, "trigger": choice.trigger}
-            await context.store.log_event(session, "compression_started", {**detail, "ahead": True})
-            record_chars = int(choice.plan.record_tokens * chars_per_token(archived, choice.plan))
-            work = self._memory(request, context, choice, archived, kept, record_chars)
-            pending = self.ahead.start(session, [b.block_id for b in archived], choice.trigger, work)
-        notes.append(f"{choice.trigger}: a memory of {len(pending.block_ids)} blocks is written ahead; sent as is")
         return self.send(request, context, choice, notes)
 
     def _count(self, key: str, messages: list[Message], services: EngineServices) -> int:
@@ -213,7 +185,7 @@ class BudgetSchedule:
         )
         vote = request.previous_vote
         why = trigger(budget, sent_tokens, fits, vote.compress_vote if vote is not None else None)
-        plan = self._plan(view, budget, services) if why is not None else None
+        plan = self.plan(view, budget, services) if why is not None else None
         if plan is not None and why != "window" and plan.archived_tokens < budget.budget - budget.band_low:
             # compact in large steps only (at least a band's worth goes): a small one would
             # recompute the cache for little; only the window forces one
@@ -234,7 +206,7 @@ class BudgetSchedule:
             why = None  # nothing old enough to archive
         return Choice(view, budget, searchable, shown, sent, report, why, plan if why is not None else None)
 
-    def _plan(self, view: ContextView, budget: Budget, services: EngineServices) -> Plan:
+    def plan(self, view: ContextView, budget: Budget, services: EngineServices) -> Plan:
         """Which blocks a compaction now would archive: the oldest, until the
         prefix, the new memory (its summary and its record's share of the
         budget) and the blocks left reach the target; R stays raw unless it alone keeps the
@@ -271,7 +243,7 @@ class BudgetSchedule:
             schedule=choice.report,
         )
 
-    async def _memory(
+    async def write_memory(
         self,
         request: PolicyRequest,
         context: PolicyContext,
@@ -336,13 +308,18 @@ class BudgetSchedule:
                 text, embedding = await ahead.task
             else:
                 record_chars = int(plan.record_tokens * ratio)
-                text, embedding = await self._memory(request, context, choice, archived, kept, record_chars)
-        except StoreError as exc:
-            await store.log_event(session, Fallback.STORAGE_FAILURE.value, {"error": str(exc)})
-            return PolicyDecision.fallback(original, Fallback.STORAGE_FAILURE, str(exc), schedule=report)
-        except StepFailure as failure:
-            await store.log_event(session, failure.rule.value, {"error": failure.detail})
-            return PolicyDecision.fallback(original, failure.rule, failure.detail, schedule=report)
+                text, embedding = await self.write_memory(request, context, choice, archived, kept, record_chars)
+        except (StoreError, StepFailure) as exc:
+            rule, error = (
+                (exc.rule, exc.detail) if isinstance(exc, StepFailure) else (Fallback.STORAGE_FAILURE, str(exc))
+            )
+            await store.log_event(session, rule.value, {"error": error})
+            if ahead is not None:  # written in the background: unless the window needs one, no compaction now
+                notes = [*notes, f"memory written ahead: {error}"]
+                if choice.trigger == "window" and choice.plan is not None:
+                    return await self.compact(request, context, choice, choice.plan, "window", notes)
+                return self.send(request, context, choice, notes)
+            return PolicyDecision.fallback(original, rule, error, schedule=report)
         # the memories shown after the compaction, and the request, before anything is stored
         next_id = max((m.id for m in searchable), default=0) + 1  # ids grow: it sorts where it will
         embedder = kind_embedder(self.kind, services)
@@ -358,8 +335,15 @@ class BudgetSchedule:
             chosen = self.shown.choose(candidates, query, memory_chars)
         reduced = prefix + shown_messages(self.kind, chosen) + flatten(kept)
         reduced_tokens = services.prompt_tokens(reduced, request.tools)
+        window = services.max_model_len
+        if ahead is not None and window and reduced_tokens + answer_room(request.answer_tokens, window) >= window:
+            # the conversation outgrew the memory written ahead: one compaction that fits now
+            await store.log_event(session, "compression_abandoned", {"blocks": len(archived), "reason": "window"})
+            full = self.plan(view, budget, services)
+            return await self.compact(request, context, choice, full, "window", notes)
         if reduced_tokens >= report.sent_tokens:
-            return PolicyDecision(original, "none", "compaction would not shrink the request", schedule=report)
+            await store.log_event(session, "compression_abandoned", {"blocks": len(archived), "reason": "no shrink"})
+            return self.send(request, context, choice, [*notes, "compaction would not shrink the request"])
         cache_break = max(0, report.sent_tokens - prefix_tokens - block_tokens[-1])
         try:
             memory_id = await store.commit_memory(session, text, embedding, embedder, archived, step_details(archived))

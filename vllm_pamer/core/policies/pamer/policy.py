@@ -16,6 +16,7 @@ from vllm_pamer.core.policies.base import (
     PolicyRequest,
     register_policy,
 )
+from vllm_pamer.core.policies.pamer.ahead_schedule import AheadSchedule
 from vllm_pamer.core.policies.pamer.budget_schedule import BudgetSchedule
 from vllm_pamer.core.policies.pamer.config import BudgetConfig, PamerConfig, PaperConfig, schedule_config
 from vllm_pamer.core.policies.pamer.memory import MemoryKind, MemoryWriter
@@ -49,7 +50,9 @@ class Pamer(MemoryPolicy):
         self.schedule: Schedule = (
             PaperSchedule(self.config, self.memory)
             if isinstance(self.config, PaperConfig)
-            else BudgetSchedule(self.config, self.memory, kind=self.memory_kind, expects_vote=self.requires_heads)
+            else (AheadSchedule if self.config.write_ahead else BudgetSchedule)(
+                self.config, self.memory, kind=self.memory_kind, expects_vote=self.requires_heads
+            )
         )
 
     @classmethod
@@ -65,7 +68,7 @@ class Pamer(MemoryPolicy):
 
     def in_flight(self, session_id: str) -> dict[str, Any] | None:
         schedule = self.schedule
-        if not isinstance(schedule, BudgetSchedule) or (pending := schedule.ahead.pending(session_id)) is None:
+        if not isinstance(schedule, AheadSchedule) or (pending := schedule.ahead.pending(session_id)) is None:
             return None
         ended = pending.finished if pending.finished is not None else schedule.clock()
         seconds = round(ended - pending.started, 3)
