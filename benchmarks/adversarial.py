@@ -4,6 +4,7 @@ of the default model (the fast part: ``tests/e2e/test_fuzz_serve.py``).
     .venv/bin/python -m benchmarks.adversarial fuzz --examples 1000 --api all
     .venv/bin/python -m benchmarks.adversarial load --sessions 32 --max-steps 16
     .venv/bin/python -m benchmarks.adversarial crash --cycles 10
+    .venv/bin/python -m benchmarks.adversarial crash --cycles 10 --write-ahead
 
 * ``fuzz``: fuzzed requests (``tests/support/fuzz_requests.py``) to each managed route
   (``--api``) on the fuzz suite's server; prints the answers by route and status; a 5xx fails.
@@ -19,7 +20,9 @@ of the default model (the fast part: ``tests/e2e/test_fuzz_serve.py``).
   before the answer), then restarts it on the same store and checks: the
   store's integrity, no memory without its raw blocks nor a raw block without
   its memory, no block of the history lost (each one sent raw or stored under
-  a memory), and the session going on.
+  a memory), and the session going on. ``--write-ahead``: PaMER's budget
+  schedule with ``write_ahead`` at a small budget, so ``during`` kills the
+  server while a memory is written in the background and requests go on.
 
 Each command exits non-zero when a check fails.
 """
@@ -31,7 +34,6 @@ import asyncio
 import collections
 import json
 import random
-import sqlite3
 import statistics
 import sys
 import tempfile
@@ -43,7 +45,7 @@ import httpx
 import psutil
 
 from benchmarks._repo import DATA
-from vllm_pamer.core.blocks import split_conversation
+from benchmarks._store_watch import Killer, isolation, last_event_id, lost_blocks, store_check
 from vllm_pamer.core.heads import constant_heads, save_heads
 from vllm_pamer.default_model import DEFAULT_MODEL_NAME, ensure_default_model, shipped_heads
 from vllm_pamer.model_config import model_fingerprint
@@ -209,106 +211,7 @@ def load(args: argparse.Namespace) -> int:
     return 0 if not errors and not foreign and healthy and compacted else 1
 
 
-def isolation(store: Path, plans, records) -> dict[str, dict[str, int]]:
-    """Per session: its memories, blocks they cover that are not the session's
-    own, and recalled memory ids that are not the session's."""
-    by_session = {}
-    for record in records:
-        by_session.setdefault(record.session_id, record.trajectory_key)
-    own_blocks = {
-        plan.key: {b.block_id for step in plan.steps for b in split_conversation(step.history).blocks} for plan in plans
-    }
-    conn = sqlite3.connect(f"file:{store}?mode=ro", uri=True)
-    out = {}
-    for session, key in by_session.items():
-        rows = conn.execute("SELECT id, covered_block_ids FROM memories WHERE session=?", (session,)).fetchall()
-        ids = {row[0] for row in rows}
-        covered = {b for _, blocks in rows for b in json.loads(blocks)}
-        recalled = {i for r in records if r.session_id == session for i in ((r.pamer or {}).get("recalled") or [])}
-        out[session] = {
-            "memories": len(rows),
-            "foreign_blocks": len(covered - own_blocks[key]),
-            "foreign_recalls": len(recalled - ids),
-        }
-    conn.close()
-    return out
-
-
 # -- crash ---------------------------------------------------------------------------
-def store_check(path: Path) -> list[str]:
-    """What is wrong with the store after a kill (nothing: [])."""
-    conn = sqlite3.connect(path)
-    try:
-        problems = []
-        if conn.execute("PRAGMA integrity_check").fetchone()[0] != "ok":
-            problems.append("integrity_check failed")
-        orphans = conn.execute("SELECT COUNT(*) FROM raw_blocks WHERE memory_id NOT IN (SELECT id FROM memories)")
-        if orphans.fetchone()[0]:
-            problems.append("raw blocks without their memory")
-        for memory_id, covered in conn.execute("SELECT id, covered_block_ids FROM memories").fetchall():
-            stored = conn.execute("SELECT COUNT(*) FROM raw_blocks WHERE memory_id=?", (memory_id,)).fetchone()[0]
-            if stored != len(json.loads(covered)):
-                problems.append(f"memory {memory_id} without all its raw blocks")
-        return problems
-    finally:
-        conn.close()
-
-
-def lost_blocks(path: Path, session: str, history: list[dict], sent: list[dict]) -> int:
-    """Blocks of ``history`` neither sent raw nor stored under one of the session's memories."""
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    stored = {row[0] for row in conn.execute("SELECT block_id FROM raw_blocks WHERE session=?", (session,))}
-    conn.close()
-    return sum(
-        1
-        for block in split_conversation(history).blocks
-        if block.block_id not in stored and not all(m in sent for m in block.messages)
-    )
-
-
-class Killer(threading.Thread):
-    """Watches the store's event log; SIGKILLs the server at the chosen point."""
-
-    def __init__(self, server: ServerProcess, store: Path, point: str, delay_s: float, after_id: int) -> None:
-        super().__init__(daemon=True)
-        self.server, self.store, self.point, self.delay_s, self.after_id = server, store, point, delay_s, after_id
-        self.fired: str | None = None
-        self.done = threading.Event()
-
-    def run(self) -> None:
-        kind = "compression_started" if self.point == "during" else "compressed"
-        conn = sqlite3.connect(f"file:{self.store}?mode=ro", uri=True, check_same_thread=False)
-        try:
-            while not self.done.is_set():
-                try:
-                    row = conn.execute(
-                        "SELECT id, kind FROM events WHERE id > ? AND kind = ? ORDER BY id LIMIT 1",
-                        (self.after_id, kind),
-                    ).fetchone()
-                except sqlite3.Error:
-                    row = None
-                if row is not None:
-                    time.sleep(self.delay_s)
-                    self.fired = f"{self.point} (+{self.delay_s:.1f} s after {kind})"
-                    self.server.kill()
-                    return
-                time.sleep(0.02)
-        finally:
-            conn.close()
-
-
-def last_event_id(path: Path) -> int:
-    if not path.exists():
-        return 0
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        return conn.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0]
-    except sqlite3.Error:
-        return 0
-    finally:
-        conn.close()
-
-
 def crash(args: argparse.Namespace) -> int:
     model_dir = ensure_default_model(quiet=True)
     rng = random.Random(args.seed)
@@ -317,7 +220,9 @@ def crash(args: argparse.Namespace) -> int:
         root = Path(tmp)
         heads = root / "always-compress.safetensors"
         save_heads(constant_heads(model_fingerprint(model_dir, DEFAULT_MODEL_NAME), 10.0), heads)
-        options = {"summary_max_tokens": 48, "schedule": "paper"}
+        options: dict[str, object] = {"summary_max_tokens": 48, "schedule": "paper"}
+        if args.write_ahead:  # the budget schedule, its memories written in the background
+            options = {"summary_max_tokens": 48, "write_ahead": True, "context_budget": args.budget}
         flags = ["--pamer-policy", "pamer", "--pamer-heads", str(heads), "--pamer-policy-options", json.dumps(options)]
         store = root / "memory.sqlite3"
         requests = [(t["id"], h) for t in trajectories for _, h in agent_requests(t["messages"])]
@@ -391,6 +296,12 @@ def main() -> None:
     p.add_argument("--budget", type=int, default=4096, help="PaMER's context budget (small, so sessions compact)")
     p = sub.add_parser("crash", help="SIGKILL at random points of compaction, restart on the same store")
     p.add_argument("--cycles", type=int, default=10)
+    p.add_argument(
+        "--write-ahead",
+        action="store_true",
+        help="the budget schedule with write_ahead: kills hit a memory written ahead",
+    )
+    p.add_argument("--budget", type=int, default=3000, help="the context budget under --write-ahead")
     p.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     sys.exit({"fuzz": fuzz, "load": load, "crash": crash}[args.command](args))
