@@ -11,9 +11,11 @@ import asyncio
 import pytest
 
 from tests.support.fakes import COMPRESS, KEEP, FakeEngine, blocking, conversation
-from vllm_pamer.core.blocks import protocol_issues
+from vllm_pamer.core.blocks import protocol_issues, split_conversation
 from vllm_pamer.core.pipeline import rewrite_request
 from vllm_pamer.core.policies import PolicyContext, PolicyRequest, create_policy
+from vllm_pamer.core.policies.pamer.budget import band_vote
+from vllm_pamer.core.policies.pamer.config import BudgetConfig
 from vllm_pamer.core.policies.pamer.record import RECORD_HEADER
 from vllm_pamer.core.policies.summary_writer import MEMORY_HEADER
 from vllm_pamer.core.store import StoreError
@@ -329,3 +331,33 @@ def test_blocks_repeated_word_for_word_are_archived_each_once(store):
     assert len(set(memory.covered_block_ids)) == len(memory.covered_block_ids) > 1
     later = session.send(messages + step, vote=KEEP)
     assert later.fallback_rule is None and protocol_issues(later.messages) == []
+
+
+def test_with_band_vote_never_only_the_band_top_compacts(store):
+    """The vote's first ablation: inside the band nothing decides, so a
+    compress vote (or none captured, with no probe failure logged) sends the
+    request as it is until the band's top."""
+    session = Session(store, band_vote="never")
+    for vote in (COMPRESS, None):
+        out = session.send(conversation(7), vote=vote)  # inside the band
+        assert out.action == "none" and out.schedule.trigger is None
+    assert session.send(conversation(9)).schedule.trigger == "top_of_band"
+    assert "probe_missing" not in [e["kind"] for e in blocking(store).events("s1")]
+
+
+def test_a_random_band_vote_is_a_seeded_coin_at_its_rate(store):
+    """The second ablation: the heads' vote is ignored; a coin seeded by the
+    session and its step fires at ``random_vote_rate``, the same in every
+    process and run, another seed another draw."""
+    config = BudgetConfig(band_vote="random", random_vote_rate=0.25)
+    draws = [band_vote(config, KEEP, f"s{i}", step) for i in range(100) for step in range(20)]
+    assert abs(sum(draws) / len(draws) - 0.25) < 0.03
+    again = [band_vote(config, COMPRESS, f"s{i}", step) for i in range(100) for step in range(20)]
+    other = BudgetConfig(band_vote="random", random_vote_rate=0.25, random_vote_seed=1)
+    assert again == draws and [band_vote(other, None, f"s{i}", s) for i in range(100) for s in range(20)] != draws
+
+    session = Session(store, band_vote="random", random_vote_rate=0.5)
+    actions = [session.send(conversation(7), vote=KEEP, session=f"s{i}").action for i in range(16)]
+    step = len(split_conversation(conversation(7)).blocks)
+    expected = [band_vote(session.policy.config, None, f"s{i}", step) for i in range(16)]
+    assert actions == ["compressed" if fired else "none" for fired in expected] and 0 < sum(expected) < 16

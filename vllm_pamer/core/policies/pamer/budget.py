@@ -30,12 +30,13 @@ that binds").
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 
 import msgspec
 
 from vllm_pamer.core.blocks import Block, Message
-from vllm_pamer.core.policies.base import ScheduleReport, Trigger
+from vllm_pamer.core.policies.base import HeadVote, ScheduleReport, Trigger
 from vllm_pamer.core.policies.pamer.config import BudgetConfig
 from vllm_pamer.core.store import Memory
 from vllm_pamer.core.view import ContextView, flatten
@@ -103,6 +104,18 @@ def budget_for(
     vote = budget == base or shared or cfg.vote_under_kv_pressure
     band_low, target = int(budget * (1 - cfg.band_share)), int(budget * cfg.target_share)
     return Budget(budget, base, band_low, target, vote, shared)
+
+
+def band_vote(cfg: BudgetConfig, vote: HeadVote | None, session: str, step: int) -> bool | None:
+    """Whether the band's vote says compress for a session's request at its
+    ``step``-th block (None: no vote captured)."""
+    if cfg.band_vote == "heads":
+        return vote.compress_vote if vote is not None else None
+    if cfg.band_vote == "never":
+        return False
+    # a stable coin: the same session and step give the same answer in every process and run
+    digest = hashlib.blake2b(f"{cfg.random_vote_seed}:{session}:{step}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64 < cfg.random_vote_rate
 
 
 def trigger(budget: Budget, sent_tokens: int, fits_window: bool, compress_vote: bool | None) -> Trigger | None:

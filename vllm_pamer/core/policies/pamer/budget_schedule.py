@@ -52,6 +52,7 @@ from vllm_pamer.core.policies.pamer.budget import (
     Plan,
     answer_room,
     archive_count,
+    band_vote,
     budget_for,
     chars_per_token,
     kv_share_tokens,
@@ -183,8 +184,8 @@ class BudgetSchedule:
             not services.max_model_len
             or sent_tokens + answer_room(request.answer_tokens, services.max_model_len) < services.max_model_len
         )
-        vote = request.previous_vote
-        why = trigger(budget, sent_tokens, fits, vote.compress_vote if vote is not None else None)
+        vote = band_vote(cfg, request.previous_vote, session, view.covered + len(view.live))
+        why = trigger(budget, sent_tokens, fits, vote)
         plan = self.plan(view, budget, services) if why is not None else None
         if plan is not None and why != "window" and plan.archived_tokens < budget.budget - budget.band_low:
             # compact in large steps only (at least a band's worth goes): a small one would
@@ -199,7 +200,7 @@ class BudgetSchedule:
             kv_usage=kv,
             kv_share=budget.budget if budget.shared else None,
         )
-        if why is None and vote is None and sent_tokens >= budget.band_low and self.expects_vote:
+        if why is None and vote is None and sent_tokens >= budget.band_low and self.expects_vote:  # heads only
             notes.append("no vote captured (probe failure): no compaction inside the band")
             await store.log_event(session, "probe_missing", {"sent_tokens": sent_tokens})
         if plan is None or len(view.live) <= cfg.retained_blocks:

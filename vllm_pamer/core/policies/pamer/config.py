@@ -77,6 +77,16 @@ class BudgetConfig(PamerOptions, frozen=True):
     """KV-cache usage at which the budget has shrunk to ``kv_min_scale``."""
     kv_min_scale: float = 0.5
     """The smallest share of the budget KV pressure leaves."""
+    band_vote: Literal["heads", "never", "random"] = "heads"
+    """What decides inside the band: the heads' vote; nothing (``never``: a
+    compaction only at the band's top or the window); or a coin seeded by the
+    session and its step, firing at ``random_vote_rate`` (the ablations that
+    show what the heads' vote decides)."""
+    random_vote_rate: float = 0.5
+    """``band_vote: random``: the chance a request inside the band compacts
+    (set it to the heads' own rate on the same requests)."""
+    random_vote_seed: int = 0
+    """``band_vote: random``: the coin's seed."""
     vote_under_kv_pressure: bool = False
     """Let the heads' vote compact inside the band while KV pressure has shrunk
     the budget. Off: then only the shrunk budget's top (or the window)
