@@ -106,6 +106,7 @@ def test_markdown_table_and_files(tmp_path):
     assert (tmp_path / "context_per_turn.png").read_bytes()[:4] == b"\x89PNG"
     assert "context_per_turn.png" in (tmp_path / "report.md").read_text()
     assert (tmp_path / "cost_vs_evidence.png").read_bytes()[:4] == b"\x89PNG"
+    assert "latency_per_step.png" in (tmp_path / "report.md").read_text()
     assert "cost_vs_evidence.png" in (tmp_path / "report.md").read_text()
 
 

@@ -1,10 +1,10 @@
-"""The plots of a replay report (matplotlib, when installed): context per
-turn, cost against evidence, evidence against plain recency."""
+"""The plots of a replay report (matplotlib, when installed): context and
+latency per turn, cost against evidence, evidence against plain recency."""
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from statistics import mean
 
@@ -12,13 +12,18 @@ from vllm_pamer.replay.evidence import FrontierPoint, recency_curve
 from vllm_pamer.replay.records import PolicyRow, StepRecord
 
 
+def per_step(records: Sequence[StepRecord], value: Callable[[StepRecord], float | None]) -> dict[str, dict[int, float]]:
+    """Mean ``value`` of the answered requests by step index, per policy."""
+    sums: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in records:
+        if r.status == "ok" and (v := value(r)) is not None:
+            sums[r.policy][r.step].append(v)
+    return {p: {s: mean(v) for s, v in sorted(steps.items())} for p, steps in sums.items()}
+
+
 def context_per_turn(records: Sequence[StepRecord]) -> dict[str, dict[int, float]]:
     """Mean ``prompt_tokens_out`` by step index, per policy."""
-    sums: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
-    for r in records:
-        if r.status == "ok" and r.prompt_tokens_out is not None:
-            sums[r.policy][r.step].append(r.prompt_tokens_out)
-    return {p: {s: mean(v) for s, v in sorted(steps.items())} for p, steps in sums.items()}
+    return per_step(records, lambda r: r.prompt_tokens_out)
 
 
 def _pyplot():
@@ -61,10 +66,7 @@ def _scatter_policies(axes, points: Sequence[tuple[str, float, float]]) -> None:
         )
 
 
-def plot_context_per_turn(records: Sequence[StepRecord], path: str | Path, label: str = "") -> bool:
-    """The paper's Figure 3 for this replay: mean context per turn, one line per
-    policy. False (nothing written) without matplotlib or data."""
-    curves = context_per_turn(records)
+def _plot_per_step(curves: dict[str, dict[int, float]], path: str | Path, ylabel: str, title: str) -> bool:
     plt = _pyplot()
     if plt is None or not curves:
         return False
@@ -72,10 +74,24 @@ def plot_context_per_turn(records: Sequence[StepRecord], path: str | Path, label
     for (policy, points), style in zip(curves.items(), _styles(len(curves))):
         axes.plot(list(points), list(points.values()), label=policy, linewidth=1.5, **style)
     axes.set_xlabel("turn (decision point)")
-    axes.set_ylabel("mean prompt tokens sent")
-    axes.set_title("Context size per turn" + (f" ({label})" if label else ""))
+    axes.set_ylabel(ylabel)
+    axes.set_title(title)
     _save(plt, figure, axes, path)
     return True
+
+
+def plot_context_per_turn(records: Sequence[StepRecord], path: str | Path, label: str = "") -> bool:
+    """The paper's Figure 3 for this replay: mean context per turn, one line per
+    policy. False (nothing written) without matplotlib or data."""
+    title = "Context size per turn" + (f" ({label})" if label else "")
+    return _plot_per_step(context_per_turn(records), path, "mean prompt tokens sent", title)
+
+
+def plot_latency_per_step(records: Sequence[StepRecord], path: str | Path, label: str = "") -> bool:
+    """Mean end-to-end latency per turn, one line per policy: a compaction
+    the request waited for shows as a peak. False without matplotlib or data."""
+    title = "Latency per turn" + (f" ({label})" if label else "")
+    return _plot_per_step(per_step(records, lambda r: r.latency_s), path, "mean end-to-end latency (s)", title)
 
 
 def plot_evidence_vs_chars(
@@ -140,11 +156,12 @@ def plot_all(
     suffix: str = "",
     label: str = "",
 ) -> list[str]:
-    """The plots (``context_per_turn<suffix>.png``, ``cost_vs_evidence<suffix>.png``,
+    """The plots (``context_per_turn<suffix>.png``, ``latency_per_step<suffix>.png``, ``cost_vs_evidence<suffix>.png``,
     ``evidence_vs_chars<suffix>.png`` given a frontier); the markdown lines of those written."""
     lines = []
     for stem, title, plotted in (
         ("context_per_turn", "context size per turn", lambda path: plot_context_per_turn(records, path, label)),
+        ("latency_per_step", "latency per turn", lambda path: plot_latency_per_step(records, path, label)),
         ("cost_vs_evidence", "cost and evidence", lambda path: plot_cost_vs_evidence(rows, path, label)),
         (
             "evidence_vs_chars",
