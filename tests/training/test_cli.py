@@ -121,6 +121,7 @@ def test_end_to_end_train_writes_loadable_heads(tmp_path):
         assert metrics.auroc(y, logits[:, h].numpy()) > 0.9
     assert metrics.f1_score(y, decision.numpy()) > 0.7
     text = (report / "report.md").read_text()
+    assert "Labels by the `reference` annotator: the reference rule's silver labels" in text
     for needed in ("Beside the paper", "Does the hidden state beat the controls", "Across layers", "0.831", "0.758"):
         assert needed in text
     pytest.importorskip("matplotlib")

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from tests.support.training_fixtures import synthetic_states, write_shards
-from vllm_pamer.training.data import StatesError, load_states
+from vllm_pamer.training.annotate import DecisionPoint
+from vllm_pamer.training.data import StatesError, load_states, relabel
 
 
 def test_load_states_round_trip_and_completeness(tmp_path):
@@ -44,3 +45,28 @@ def test_load_states_round_trip_and_completeness(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(StatesError, match="manifest"):
         load_states(tmp_path / "empty")
+
+
+def test_relabel_takes_another_annotators_labels_by_point():
+    meta = [
+        {"trajectory_id": "t", "message_index": 4, "compression": 0, "recall": 1, "annotator": "reference"},
+        {"trajectory_id": "t", "message_index": 6, "compression": 1, "recall": 0, "annotator": "reference"},
+    ]
+    point = DecisionPoint(
+        trajectory_id="t",
+        step=1,
+        message_index=4,
+        n_messages=4,
+        n_old_blocks=2,
+        old_tokens=2000,
+        turn=1,
+        last_tool=None,
+        recall=1,
+        compression=1,
+        recall_values=[],
+        source="hand",
+        annotator="hindsight",
+    )
+    ours = relabel(meta, [point])
+    assert [(m["compression"], m["annotator"]) for m in ours] == [(1, "hindsight"), (None, "")]
+    assert ours[1]["recall"] is None and meta[0]["compression"] == 0  # the rows read are left as they were

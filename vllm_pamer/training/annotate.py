@@ -159,7 +159,7 @@ class DecisionPoint(msgspec.Struct, frozen=True):
     annotator: str = "reference"
 
 
-def _block_tokens(block_messages: Sequence[Message], count_tokens: CountTokens, cache: dict[str, int]) -> int:
+def block_tokens(block_messages: Sequence[Message], count_tokens: CountTokens, cache: dict[str, int]) -> int:
     key = block_id(block_messages)
     if key not in cache:
         cache[key] = int(count_tokens(block_messages))
@@ -190,7 +190,7 @@ def decision_contexts(
     for block in conversation.blocks:
         starts.append(position)
         position += len(block.messages)
-        cumulative.append(cumulative[-1] + _block_tokens(block.messages, count_tokens, cache))
+        cumulative.append(cumulative[-1] + block_tokens(block.messages, count_tokens, cache))
 
     contexts: list[DecisionContext] = []
     users = 0
@@ -221,7 +221,7 @@ def decision_contexts(
     return contexts
 
 
-class _Occurrences:
+class Occurrences:
     """Where each value occurs in a trajectory: sorted message indices."""
 
     def __init__(self, texts: Sequence[str]) -> None:
@@ -241,7 +241,7 @@ def _any_in(indices: list[int], start: int, end: int) -> bool:
     return k < len(indices) and indices[k] < end
 
 
-def _old_only(where: list[int], ctx: DecisionContext, until: int, observed: Sequence[bool]) -> bool:
+def old_only(where: list[int], ctx: DecisionContext, until: int, observed: Sequence[bool]) -> bool:
     """The value is evidence only O_t holds: it occurs in O_t, first in an
     observation (``observed``: a tool result or user message, not an agent
     action), and neither in P_t nor in any message after O_t before message
@@ -282,7 +282,7 @@ def annotate_trajectory(
     settings = AnnotatorSettings(n_recent=n_recent, horizon=horizon, min_old_tokens=min_old_tokens)
     messages = list(trajectory["messages"])
     contexts = decision_contexts(trajectory, count_tokens, settings, token_cache)
-    where = _Occurrences([message_text(m) for m in messages])
+    where = Occurrences([message_text(m) for m in messages])
     observed = [m.get("role") != "assistant" for m in messages]
     values = {ctx.message_index: sorted(action_values(messages[ctx.message_index])) for ctx in contexts}
     trajectory_id = str(trajectory.get("id", ""))
@@ -294,7 +294,7 @@ def annotate_trajectory(
         recall: int | None = None
         recall_values: list[str] = []
         if ctx.n_old_blocks > 0:
-            recall_values = [v for v in values[i] if _old_only(where(v), ctx, i, observed)]
+            recall_values = [v for v in values[i] if old_only(where(v), ctx, i, observed)]
             recall = int(bool(recall_values))
         compression: int | None = None
         compression_values: list[str] = []
@@ -302,7 +302,7 @@ def annotate_trajectory(
             used: set[str] = set()
             for later in contexts[j : j + max(1, horizon)]:
                 a = later.message_index
-                used.update(v for v in values[a] if _old_only(where(v), ctx, a, observed))
+                used.update(v for v in values[a] if old_only(where(v), ctx, a, observed))
             compression_values = sorted(used)
             compression = 0 if used else 1
         points.append(
@@ -370,6 +370,11 @@ def register_annotator(name: str) -> Callable[[AnnotatorFactory], AnnotatorFacto
     return decorate
 
 
+def annotator_definition(name: str) -> str:
+    """What the labels of the annotator registered as ``name`` mean (empty: unknown)."""
+    return str(getattr(_REGISTRY.get(name), "definition", ""))
+
+
 def available_annotators() -> list[str]:
     return sorted(_REGISTRY)
 
@@ -395,6 +400,7 @@ class ReferenceAnnotator:
     are cached across trajectories."""
 
     name = "reference"
+    definition = "the reference rule's silver labels (docs/annotation.md)"
 
     def __init__(self, settings: AnnotatorSettings, count_tokens: CountTokens) -> None:
         self.settings = settings

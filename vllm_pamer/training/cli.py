@@ -9,6 +9,7 @@ live together, one function per command."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -24,7 +25,7 @@ from vllm_pamer.training.annotate import (
     create_annotator,
     tokenizer_counter,
 )
-from vllm_pamer.training.data import StatesError, load_data, load_labels, load_layer_states, load_states
+from vllm_pamer.training.data import StatesError, load_data, load_labels, load_layer_states, load_states, relabel
 from vllm_pamer.trajectories import in_split
 
 # --------------------------------------------------------------------------------------
@@ -88,7 +89,15 @@ def annotate_main(argv: Sequence[str] | None = None) -> int:
         help="only the trajectories of this split (vllm_pamer/data/splits.json; default: all): train on tuning",
     )
     parser.add_argument("--out", required=True, metavar="PATH", help="output JSON lines, one decision point each")
-    parser.add_argument("--annotator", default="reference", help="registered annotator (default: reference)")
+    parser.add_argument(
+        "--annotator", default="reference", help="registered annotator: reference (default) or hindsight"
+    )
+    parser.add_argument(
+        "--annotator-options",
+        default="{}",
+        metavar="JSON",
+        help='the annotator\'s own options, e.g. hindsight\'s {"budget": 4096, "target_share": 0.4}',
+    )
     parser.add_argument(
         "--tokens",
         choices=("model", "chars"),
@@ -114,10 +123,12 @@ def annotate_main(argv: Sequence[str] | None = None) -> int:
 
     settings = AnnotatorSettings(n_recent=args.n_recent, horizon=args.horizon, min_old_tokens=args.min_old_tokens)
     counter = char_counter if args.tokens == "chars" else tokenizer_counter(args.tokenizer)
+    import vllm_pamer.training.hindsight  # noqa: F401  (registers "hindsight")
+
     try:
-        annotator = create_annotator(args.annotator, settings, counter)
-    except UnknownAnnotator as exc:
-        parser.error(str(exc))
+        annotator = create_annotator(args.annotator, settings, counter, **json.loads(args.annotator_options))
+    except (UnknownAnnotator, TypeError, json.JSONDecodeError) as exc:
+        parser.error(f"--annotator {args.annotator} --annotator-options {args.annotator_options}: {exc}")
     trajectories = in_split(load_data(args.data, args.limit), args.split)
 
     from tqdm import tqdm
@@ -346,6 +357,12 @@ def train_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--report", default=None, metavar="DIR", help="write report.md, results.json and plots here")
     parser.add_argument("--target", choices=TARGETS, default="compression")
     parser.add_argument(
+        "--labels",
+        default=None,
+        metavar="JSONL",
+        help="train on these labels (`vllm-pamer annotate`, e.g. --annotator hindsight) instead of the extraction's",
+    )
+    parser.add_argument(
         "--head", choices=("mlp", "linear"), default="mlp", help="teacher / student / exported head (default mlp)"
     )
     parser.add_argument(
@@ -418,6 +435,8 @@ def train_main(argv: Sequence[str] | None = None) -> int:
         full, recent2, meta = load_states(args.states, allow_partial=args.allow_partial)
     except StatesError as exc:
         sys.exit(f"vllm-pamer train: {exc}")
+    if args.labels:
+        meta = relabel(meta, load_labels(args.labels))
     if full.shape[1] != fingerprint.hidden_size:
         sys.exit(
             f"vllm-pamer train: the states have d = {full.shape[1]} but model {fingerprint.model_name!r} has "

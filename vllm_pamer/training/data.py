@@ -213,6 +213,20 @@ def load_labels(path: str | Path) -> list[DecisionPoint]:
     return labels
 
 
+def relabel(meta: Sequence[Mapping[str, Any]], labels: Sequence[DecisionPoint]) -> list[dict[str, Any]]:
+    """The extracted rows with another annotator's labels (``vllm-pamer train
+    --labels``), matched by trajectory and message index; a row the labels do
+    not name has none (it is left out of training)."""
+    by_point = {(p.trajectory_id, p.message_index): p for p in labels}
+    out = []
+    for row in meta:
+        point = by_point.get((str(row["trajectory_id"]), int(row["message_index"])))
+        fields = ("recall", "compression", "annotator")
+        values = (point.recall, point.compression, point.annotator) if point else (None, None, "")
+        out.append({**row, **dict(zip(fields, values))})
+    return out
+
+
 def load_data(paths: Sequence[str | Path] | None, limit: int | None = None) -> list[dict[str, Any]]:
     """Trajectories of ``paths`` in order (default: both shipped samples),
     the first ``limit`` of each file when given."""

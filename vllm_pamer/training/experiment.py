@@ -254,6 +254,7 @@ def _run_experiment(full, recent2, meta, config: TrainConfig, texts, log) -> Exp
         "tasks": len(set(groups)),
         "hidden_size": int(full.shape[1]),
         "truncated": int(sum(bool(r.get("truncated")) for r in meta)),
+        "annotators": sorted({str(r.get("annotator") or "reference") for r in meta}),  # the labelled rows
         "sources": {
             s: {
                 "rows": n,

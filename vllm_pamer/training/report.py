@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from vllm_pamer.training import hindsight  # noqa: F401  (registers its definition)
+from vllm_pamer.training.annotate import annotator_definition
 from vllm_pamer.training.experiment import ExperimentResult
 from vllm_pamer.training.metrics import roc_curve, sign_flip_p
 
@@ -241,6 +243,8 @@ def write_report(
     ]
     for source, info in data["sources"].items():
         lines.append(f"- `{source}`: {info['rows']} rows, {info['positive_rate']:.1%} positive.")
+    for name in data.get("annotators", []):
+        lines.append(f"- Labels by the `{name}` annotator: {annotator_definition(name) or 'not registered here'}.")
     lines += [
         "",
         "## Protocol",
@@ -380,8 +384,8 @@ def write_report(
         "significant at 0.05 by that test; the per-seed columns show how consistent a difference is. Decision "
         "points within a trajectory are dependent, and the split unit is the task.",
         "",
-        "Caveats when reading these against the paper: our labels are the reference annotator's *silver* labels "
-        "(docs/annotation.md), not an LLM annotator's; the model is the served model (here "
+        "Caveats when reading these against the paper: our labels are an offline annotator's *silver* labels "
+        "(above; docs/annotation.md), not an LLM annotator's; the model is the served model (here "
         f"{getattr(fingerprint, 'model_name', '') or 'see fingerprint'}, d = {data['hidden_size']}), not a frozen 9B "
         "extractor; the data set is two orders of magnitude smaller and has far fewer tasks, so the split-to-split "
         "spread is larger.",
