@@ -19,7 +19,8 @@ on a group before the next group starts (prefix cache emptied before each
 run), so a run stopped at any point still compares all policies on the same
 trajectories. Each finished (group, policy) unit is saved in
 ``OUT/units.jsonl.gz``; running the same command again resumes after the
-last saved unit (the settings must match; ``OUT/settings.json``).
+last saved unit (the settings must match, ``OUT/settings.json``, except that
+policies may be appended to ``--policies``: they run on every group).
 ``--stop-after-min`` starts no new unit after that many minutes, so a long run
 can be spread over several sittings. The report covers the groups every policy
 finished. The run is ``vllm-pamer replay --group-size`` (``vllm_pamer/replay/runs.py``)

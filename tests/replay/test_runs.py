@@ -57,6 +57,21 @@ def test_settings_are_kept_and_a_resume_with_others_is_refused(tmp_path):
     assert runs.check_settings(tmp_path, {**settings, "extra": None}, "abc1234") == commits  # a new option left unset
 
 
+def test_policies_appended_to_a_run_resume_it_and_are_noted(tmp_path):
+    settings = {"tau": 0, "policies": "none,pamer"}
+    runs.check_settings(tmp_path, settings, "abc1234")
+    for reordered in ("pamer,none,sam", "none,sam", "none"):  # a policy moved, replaced or left out
+        with pytest.raises(SystemExit, match="policies"):
+            runs.check_settings(tmp_path, {**settings, "policies": reordered}, "abc1234")
+    with pytest.raises(SystemExit, match="tau"):  # an appended policy does not excuse another change
+        runs.check_settings(tmp_path, {"tau": 1, "policies": "none,pamer,sam"}, "def5678")
+    appended = {**settings, "policies": "none,pamer,sam"}
+    assert runs.check_settings(tmp_path, appended, "def5678") == ["abc1234", "def5678"]
+    assert runs.reruns(tmp_path) == " sam added at def5678."
+    runs.check_settings(tmp_path, {**settings, "policies": "none,pamer,sam"}, "def5678")  # the resume after it
+    assert runs.reruns(tmp_path) == " sam added at def5678."
+
+
 def test_a_rerun_drops_the_units_of_changed_policies_and_says_so(tmp_path):
     runs.check_settings(tmp_path, {"tau": 0}, "abc1234")
     store = UnitStore(tmp_path)

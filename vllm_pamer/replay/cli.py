@@ -18,7 +18,8 @@ embedded model for the replay alone, serving the named variants of
 the trajectories in groups of N per kind, every policy on a group before the
 next group, each finished (group, policy) saved in ``OUT/units.jsonl.gz``.
 The same command again resumes after the last saved unit (``OUT/settings.json``
-refuses other settings); the report covers the groups every policy finished.
+refuses other settings, except policies appended to ``--policies``, which run on
+every group); the report covers the groups every policy finished.
 """
 
 from __future__ import annotations

@@ -91,23 +91,41 @@ def check_settings(out: Path, settings: dict, commit: str, running: bool = True)
         commits = saved.pop("commits", [])
         kv_tokens = saved.pop("kv_cache_tokens", None)  # what the server reported, not an option
         reruns = saved.pop("reruns", [])
+        additions = saved.pop("added", [])
         # an option added since the run began reads as unset (None) in it
         changed = sorted(k for k in {*saved, *settings} if saved.get(k) != settings.get(k))
+        new_policies = _added_policies(saved.get("policies"), settings.get("policies"))
+        if new_policies and changed == ["policies"]:
+            # policies appended to a run: the same requests, the new ones run on every group
+            changed = []
+            if running:
+                additions.append({"policies": new_policies, "commit": commit})
         if changed:
             raise SettingsMismatch(
                 f"{out} holds a run with other settings ({', '.join(changed)}): "
                 "pass the same options to resume it, or another --out"
             )
     else:
-        commits, kv_tokens, reruns = [], None, []
+        commits, kv_tokens, reruns, additions = [], None, [], []
     if running and commit not in commits:
         commits.append(commit)
     out.mkdir(parents=True, exist_ok=True)
     extra: dict[str, Any] = {"kv_cache_tokens": kv_tokens} if kv_tokens is not None else {}
     if reruns:
         extra["reruns"] = reruns
+    if additions:
+        extra["added"] = additions
     path.write_text(json.dumps({**settings, "commits": commits, **extra}, indent=2) + "\n")
     return commits
+
+
+def _added_policies(saved: object, wanted: object) -> list[str]:
+    """The policies ``wanted`` (a comma list) appends to ``saved``'s, in order;
+    empty unless ``wanted`` keeps every saved policy in its place."""
+    if not isinstance(saved, str) or not isinstance(wanted, str):
+        return []
+    before, after = saved.split(","), wanted.split(",")
+    return after[len(before) :] if after[: len(before)] == before else []
 
 
 def note_rerun(out: Path, policies: Sequence[str], commit: str, dropped: int) -> None:
@@ -120,12 +138,14 @@ def note_rerun(out: Path, policies: Sequence[str], commit: str, dropped: int) ->
 
 
 def reruns(out: Path) -> str:
-    """The run's reruns for a report (empty when none)."""
+    """The run's reruns and added policies for a report (empty when none)."""
     path = out / "settings.json"
-    noted = json.loads(path.read_text()).get("reruns", []) if path.exists() else []
-    return "".join(
-        f" {', '.join(r['policies'])} run again from {r['commit']} ({r['units_dropped']} units dropped)." for r in noted
+    saved = json.loads(path.read_text()) if path.exists() else {}
+    again = "".join(
+        f" {', '.join(r['policies'])} run again from {r['commit']} ({r['units_dropped']} units dropped)."
+        for r in saved.get("reruns", [])
     )
+    return again + "".join(f" {', '.join(a['policies'])} added at {a['commit']}." for a in saved.get("added", []))
 
 
 def note_kv_budget(out: Path, log_text: str) -> int | None:
