@@ -66,6 +66,7 @@ def test_policies_appended_to_a_run_resume_it_and_are_noted(tmp_path):
     with pytest.raises(SystemExit, match="tau"):  # an appended policy does not excuse another change
         runs.check_settings(tmp_path, {"tau": 1, "policies": "none,pamer,sam"}, "def5678")
     appended = {**settings, "policies": "none,pamer,sam"}
+    assert runs.check_settings(tmp_path, appended, "def5678", running=False) == ["abc1234"]  # as a sitting begins
     assert runs.check_settings(tmp_path, appended, "def5678") == ["abc1234", "def5678"]
     assert runs.reruns(tmp_path) == " sam added at def5678."
     runs.check_settings(tmp_path, {**settings, "policies": "none,pamer,sam"}, "def5678")  # the resume after it

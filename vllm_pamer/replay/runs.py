@@ -98,8 +98,7 @@ def check_settings(out: Path, settings: dict, commit: str, running: bool = True)
         if new_policies and changed == ["policies"]:
             # policies appended to a run: the same requests, the new ones run on every group
             changed = []
-            if running:
-                additions.append({"policies": new_policies, "commit": commit})
+            additions.append({"policies": new_policies, "commit": commit})  # saved below: noted once
         if changed:
             raise SettingsMismatch(
                 f"{out} holds a run with other settings ({', '.join(changed)}): "
