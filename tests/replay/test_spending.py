@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from vllm_pamer.core.policies.pamer.memory import EXCERPT_MARK
 from vllm_pamer.core.policies.pamer.record import RECORD_HEADER
 from vllm_pamer.replay.records import PolicyRow, StepRecord
 from vllm_pamer.replay.spending import INSERTED_PARTS, add_spending, inserted_spending, spending_table
@@ -24,6 +25,10 @@ def test_only_what_the_policy_inserted_is_counted_by_part():
     masked = {"role": "tool", "content": "[tool output removed: 16 chars]"}
     spent = inserted_spending([*PREFIX, STEP[0], masked, *LAST], HISTORY)  # observation masking
     assert spent == {**dict.fromkeys(INSERTED_PARTS, 0), "masked": len(masked["content"]) + 1}
+    excerpted = {"role": "tool", "content": f"[tool output removed: 16 chars]{EXCERPT_MARK}def parse(): ..."}
+    spent = inserted_spending([*PREFIX, STEP[0], excerpted, *LAST], HISTORY)  # excerpt masking
+    assert spent["masked"] == len("[tool output removed: 16 chars]") + 1
+    assert spent["results"] == len(EXCERPT_MARK + "def parse(): ...")
     assert sum(inserted_spending(HISTORY, HISTORY).values()) == 0  # the full history inserts nothing
 
 

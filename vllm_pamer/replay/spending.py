@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from vllm_pamer.core.blocks import Message
+from vllm_pamer.core.policies.pamer.memory import EXCERPT_MARK
 from vllm_pamer.core.policies.pamer.record import SPENDING_PARTS, spending
 from vllm_pamer.replay.evidence import inserted_messages
 from vllm_pamer.replay.records import PolicyRow, StepRecord
@@ -24,8 +25,10 @@ def inserted_spending(sent: Sequence[Message], history: Sequence[Message]) -> di
     spent = dict.fromkeys(INSERTED_PARTS, 0)
     for message in inserted_messages(sent, history):
         text = message_text(message)
-        if message.get("role") == "tool":
-            spent["masked"] += len(text) + 1
+        if message.get("role") == "tool":  # a placeholder, and the lines kept after it (excerpt_masking)
+            placeholder, mark, kept = text.partition(EXCERPT_MARK)
+            spent["masked"] += len(placeholder) + 1
+            spent["results"] += len(mark + kept)
         elif message.get("role") == "assistant":
             spent["agent"] += len(text) + 1
         else:

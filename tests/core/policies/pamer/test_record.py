@@ -7,7 +7,7 @@ import json
 
 from tests.support.fakes import conversation
 from vllm_pamer.core.blocks import Block, split_conversation
-from vllm_pamer.core.policies.pamer.record import RECORD_HEADER, relevance, step_record
+from vllm_pamer.core.policies.pamer.record import RECORD_HEADER, relevance, result_excerpts, step_record
 
 
 def _varied(n_blocks: int, lines: int = 30) -> list[Block]:
@@ -112,3 +112,28 @@ def test_spending_counts_each_line_of_a_memory_to_what_it_carries():
     assert spent["user"] == len("  user: use the second\n    not the first\n")
     assert spent["framing"] == len(text) + 1 - sum(v for k, v in spent.items() if k != "framing")
     assert spending(record)["summary"] == 0  # a record alone: nothing is summary
+
+
+def _listing_step(i: int, lines: list[str]) -> Block:
+    call = {"id": f"c{i}", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}
+    return Block(
+        (
+            {"role": "assistant", "content": f"Step {i}: listing.", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"c{i}", "content": "\n".join(lines)},
+        )
+    )
+
+
+def test_result_excerpts_keep_the_new_lines_of_the_outputs_within_the_budget():
+    """The lines kept are those that add what the request does not hold; keyed
+    by the tool message they come from; none beyond the budget."""
+    common = [f"src/module_{k}.py" for k in range(30)]
+    blocks = [_listing_step(0, common), _listing_step(1, [*common, "ERR_4711 raised by parse_header"])]
+    current = [_listing_step(2, common)]  # the live block lists the same files
+    kept = result_excerpts(blocks, current, 200)
+    assert set(kept) <= {(0, 1), (1, 1)}  # the tool messages, never the agent's turns
+    text = "\n".join(kept.values())
+    assert "ERR_4711 raised by parse_header" in text
+    assert "src/module_3.py" not in text  # the live block holds it
+    assert sum(len(t) for t in kept.values()) <= 200
+    assert result_excerpts(blocks, current, 0) == {}

@@ -14,6 +14,7 @@ from vllm_pamer.core.blocks import protocol_issues, split_conversation
 from vllm_pamer.core.pipeline import rewrite_request
 from vllm_pamer.core.policies import PolicyContext, PolicyRequest, create_policy
 from vllm_pamer.core.policies.baselines import tool_placeholder
+from vllm_pamer.core.policies.pamer.memory import EXCERPT_MARK
 from vllm_pamer.core.policies.pamer.record import RECORD_HEADER
 from vllm_pamer.core.policies.summary_writer import MEMORY_HEADER
 from vllm_pamer.stores.sqlite import SqliteStore
@@ -65,7 +66,7 @@ def _compactions(out):
     return [i for i, (_, o) in enumerate(out) if o.action == "compressed"]
 
 
-@pytest.mark.parametrize("policy", ["truncate", "record_only", "observation_masking"])
+@pytest.mark.parametrize("policy", ["truncate", "record_only", "observation_masking", "excerpt_masking"])
 def test_a_baseline_compacts_where_pamer_first_does_and_never_breaks_the_protocol(tmp_path, policy):
     """The schedule is shared: the first compaction comes at the same request
     (the band's top here, the vote inside it), and every request stays valid."""
@@ -99,7 +100,7 @@ def test_truncate_drops_the_archived_blocks_and_asks_the_engine_nothing(store):
 
 
 def test_between_compactions_a_baseline_sends_append_only(store):
-    for policy in ("truncate", "record_only", "observation_masking"):
+    for policy in ("truncate", "record_only", "observation_masking", "excerpt_masking"):
         out, _ = replay(SqliteStore(store.path.with_name(f"{policy}.db")), policy)
         cuts = set(_compactions(out))
         for i in range(1, len(out)):
@@ -139,12 +140,26 @@ def test_observation_masking_keeps_the_agents_turns_and_masks_the_outputs(store)
     assert kept
 
 
-def test_the_masked_history_keeps_its_newest_steps_within_its_share(tmp_path):
+def test_excerpt_masking_keeps_the_agents_turns_and_lines_of_the_outputs(store):
+    out, services = replay(store, "excerpt_masking")
+    assert services.summaries == 0 and services.embeds == 0
+    history, compacted = out[_compactions(out)[0]]
+    sent = compacted.messages
+    inserted = [m for m in sent if m.get("role") == "tool" and m not in history]
+    assert inserted, "the archived outputs come back masked"
+    assert all(m["content"].startswith(tool_placeholder(len("ID0 ") + 900)) for m in inserted)
+    assert any(EXCERPT_MARK in m["content"] for m in inserted)  # lines kept after the placeholder
+    assert [m for m in sent if m.get("tool_calls")] == [m for m in history if m.get("tool_calls")]
+    assert protocol_issues(sent) == [] and services.count_tokens(sent) < compacted.schedule.sent_tokens
+
+
+@pytest.mark.parametrize("policy", ["observation_masking", "excerpt_masking"])
+def test_the_masked_history_keeps_its_newest_steps_within_its_share(tmp_path, policy):
     """The masked steps shown are the newest that fit ``memory_share`` of the
     budget, contiguous up to the live blocks; past it the oldest leave."""
     shown = {}
     for share in (0.1, 0.35):
-        out, _ = replay(SqliteStore(tmp_path / f"{share}.db"), "observation_masking", range(2, 60), memory_share=share)
+        out, _ = replay(SqliteStore(tmp_path / f"{share}.db"), policy, range(2, 60), memory_share=share)
         last = out[-1][1]
         calls = [int(m["tool_calls"][0]["id"][1:]) for m in last.messages if m.get("tool_calls")]
         assert calls == list(range(calls[0], 59)), calls  # no gap: the newest masked steps, then the live ones
@@ -160,6 +175,8 @@ def test_the_masked_history_keeps_its_newest_steps_within_its_share(tmp_path):
         ("truncate", "record_share"),
         ("record_only", "summary_layout"),
         ("observation_masking", "top_k"),
+        ("observation_masking", "record_share"),
+        ("excerpt_masking", "summary_max_tokens"),
         ("record_only", "top_k"),
         ("record_only", "memory_share"),
         ("record_only", "schedule"),

@@ -9,8 +9,9 @@
 * ``memory.py``: writing a memory (summary, embedding), the recall query, the
   memory text shown; ``record.py``: the verbatim record of archived steps;
 * ``plus.py``: PaMER+ (step-level evidence), ``selection.py``: its selection check;
-* ``schedule_baselines.py``: ``truncate``, ``record_only`` and
-  ``observation_masking``, the budget schedule with less in place of a memory.
+* ``schedule_baselines.py``: ``truncate``, ``record_only``,
+  ``observation_masking`` and ``excerpt_masking``, the budget schedule with
+  less in place of a memory.
 
 Each schedule splits its decision (``decide`` / ``should_compress``) from its
 actions (``compact`` and ``send`` / ``compress`` and ``recall``).

@@ -60,6 +60,7 @@ from vllm_pamer.core.policies.pamer.budget import (
 )
 from vllm_pamer.core.policies.pamer.config import BudgetConfig
 from vllm_pamer.core.policies.pamer.memory import (
+    MASKED_KINDS,
     MemoryKind,
     MemoryWriter,
     archived_blocks,
@@ -68,7 +69,7 @@ from vllm_pamer.core.policies.pamer.memory import (
     masked_text,
     shown_messages,
 )
-from vllm_pamer.core.policies.pamer.record import step_record
+from vllm_pamer.core.policies.pamer.record import result_excerpts, step_record
 from vllm_pamer.core.policies.pamer.shown import ShownMemories
 from vllm_pamer.core.policies.summary_writer import StepFailure, step_details
 from vllm_pamer.core.store import NO_EMBEDDING, Memory, StoreError
@@ -124,6 +125,12 @@ class BudgetSchedule:
             return await self.compact(request, context, choice, choice.plan, choice.trigger, notes)
         return self.send(request, context, choice, notes)
 
+    def _history_share(self) -> float:
+        """The share of the budget the memories shown take: ``memory_share``,
+        and the excerpts' ``record_share`` beside it (they have their own room in ``plan``)."""
+        cfg = self.config
+        return cfg.memory_share + (cfg.record_share if self.kind == "excerpts" else 0.0)
+
     def _count(self, key: str, messages: list[Message], services: EngineServices) -> int:
         if key not in self._tokens:
             self._tokens[key] = services.count_tokens(messages)
@@ -169,9 +176,9 @@ class BudgetSchedule:
         searchable = [m for m in memories if m.embedder == kind_embedder(self.kind, services)]
         if self.kind == "none":
             searchable = []  # truncation shows nothing
-        if self.kind == "masked":  # a masked history is measured in tokens, the budget's own unit
+        if self.kind in MASKED_KINDS:  # a masked history is measured in tokens, the budget's own unit
             shown_ids = await self.shown.ids(
-                session, searchable, store, int(cfg.memory_share * budget.budget), self._masked_size(services)
+                session, searchable, store, int(self._history_share() * budget.budget), self._masked_size(services)
             )
         else:
             memory_chars = int(cfg.memory_share * budget.budget * CHARS_PER_TOKEN)
@@ -218,9 +225,9 @@ class BudgetSchedule:
         block_tokens = [self._count(b.block_id, list(b.messages), services) for b in view.live]
         # The record has its room before any raw block is kept: a line of many
         # archived steps carries more of what comes next than one more old block.
-        record_tokens = int(cfg.record_share * budget.budget) if self.kind in ("summary", "record") else 0
+        record_tokens = int(cfg.record_share * budget.budget) if self.kind in ("summary", "record", "excerpts") else 0
         summary_tokens = cfg.summary_max_tokens if self.kind == "summary" else 0
-        masked_tokens = int(cfg.memory_share * budget.budget) if self.kind == "masked" else 0  # its history's room
+        masked_tokens = int(cfg.memory_share * budget.budget) if self.kind in MASKED_KINDS else 0  # its history's room
         least = prefix_tokens + summary_tokens + record_tokens + masked_tokens
         count = archive_count(block_tokens, least, budget.target, cfg.retained_blocks)
         if least + sum(block_tokens[count:]) > budget.target:
@@ -260,6 +267,9 @@ class BudgetSchedule:
             return f"{len(archived)} steps archived by truncation (never shown)", NO_EMBEDDING
         if self.kind == "masked":
             return masked_text(archived), NO_EMBEDDING
+        if self.kind == "excerpts":  # the record's choice of lines, placed in the outputs they come from
+            excerpts = await asyncio.to_thread(result_excerpts, archived, kept, record_chars, choice.view.prefix)
+            return masked_text(archived, excerpts), NO_EMBEDDING
         earlier = await archived_blocks(context.store, request.session_id, choice.searchable)
         record = await asyncio.to_thread(step_record, earlier + archived, kept, record_chars, known=choice.view.prefix)
         if self.kind == "record":  # the newest record alone is shown: no embedding, no engine request
@@ -298,7 +308,7 @@ class BudgetSchedule:
         kept_tokens = sum(block_tokens[count:])
         # the memories shown take what the target leaves beside the prefix and the kept blocks,
         # within memory_share; the new one (its record has record_share) is shown whatever its size
-        room = min(cfg.memory_share * budget.budget, max(0, budget.target - prefix_tokens - kept_tokens))
+        room = min(self._history_share() * budget.budget, max(0, budget.target - prefix_tokens - kept_tokens))
         if ahead is None:
             detail = {"blocks": len(archived), "sent_tokens": report.sent_tokens, "trigger": why}
             await store.log_event(session, "compression_started", detail)
@@ -328,7 +338,7 @@ class BudgetSchedule:
         candidates = [*searchable, provisional]
         if self.kind == "none":
             chosen: list[Memory] = []
-        elif self.kind == "masked":
+        elif self.kind in MASKED_KINDS:
             chosen = self.shown.choose(candidates, None, int(room), self._masked_size(services))
         else:
             memory_chars = int(room * ratio)  # the newest is shown whatever its size

@@ -5,7 +5,7 @@ compactions can write (``MemoryKind``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 import msgspec
@@ -15,7 +15,7 @@ from vllm_pamer.core.blocks import Block, Message
 from vllm_pamer.core.engine import EngineServices
 from vllm_pamer.core.fallback import Fallback
 from vllm_pamer.core.policies.base import PolicyRequest
-from vllm_pamer.core.policies.baselines import masked
+from vllm_pamer.core.policies.baselines import TOOL_ROLES, masked
 from vllm_pamer.core.policies.pamer.config import PamerOptions
 from vllm_pamer.core.policies.pamer.record import RECORD_HEADER
 from vllm_pamer.core.policies.summary_writer import StepFailure, memory_message, summary_instruction, write_summary
@@ -93,14 +93,24 @@ def summary_part(memory: Memory) -> str:
     return "" if memory.summary.startswith(RECORD_HEADER) else memory.summary.split("\n\n" + RECORD_HEADER, 1)[0]
 
 
-MemoryKind = Literal["summary", "record", "none", "masked"]
+MemoryKind = Literal["summary", "record", "none", "masked", "excerpts"]
 """What replaces the blocks a budget-schedule compaction archives: ``summary``
 (PaMER: a summary and the verbatim record), ``record`` (the record alone, no
 summary request), ``none`` (nothing: truncation), ``masked`` (the blocks
 themselves with their tool outputs replaced by a placeholder: observation
-masking in the schedule's large, rare steps)."""
+masking in the schedule's large, rare steps), ``excerpts`` (the same, each
+placeholder followed by the lines of that output the record would keep)."""
 
-UNSHOWN_EMBEDDERS: dict[MemoryKind, str] = {"none": "truncated", "masked": "masked", "record": "record-only"}
+MASKED_KINDS: frozenset[MemoryKind] = frozenset({"masked", "excerpts"})
+"""The kinds whose memory is the archived blocks themselves, outputs masked: a
+history shown newest first within its share, measured in tokens."""
+
+UNSHOWN_EMBEDDERS: dict[MemoryKind, str] = {
+    "none": "truncated",
+    "masked": "masked",
+    "excerpts": "masked-excerpts",
+    "record": "record-only",
+}
 """The embedder names of memories no recall searches (their embedding is
 ``NO_EMBEDDING``: a record alone shows only its newest, so none is ever
 chosen by similarity); a session's memories of one kind never mix with another's."""
@@ -115,15 +125,27 @@ def shown_messages(kind: MemoryKind, memories: Sequence[Memory]) -> list[Message
     """What a request shows for ``memories`` (already chosen) after its prefix."""
     if not memories or kind == "none":
         return []
-    if kind == "masked":
+    if kind in MASKED_KINDS:
         ordered = sorted(memories, key=lambda m: m.id)
         return [message for m in ordered for message in msgspec.json.decode(m.summary)]
     return [shown_message(memories)]
 
 
-def masked_text(blocks: Sequence[Block]) -> str:
-    """A ``masked`` memory's text: its blocks' messages, tool outputs masked, as JSON."""
-    messages, _ = masked(flatten(blocks))
+EXCERPT_MARK = "\nkept lines:\n"
+"""Between a masked output's placeholder and the lines of it kept (``excerpts``)."""
+
+
+def masked_text(blocks: Sequence[Block], excerpts: Mapping[tuple[int, int], str] | None = None) -> str:
+    """A masked memory's text: its blocks' messages, tool outputs masked, as
+    JSON; ``excerpts`` (``record.result_excerpts``): lines kept after an
+    output's placeholder, by (block index, message index)."""
+    messages: list[Message] = []
+    for i, block in enumerate(blocks):
+        for j, message in enumerate(masked(block.messages)[0]):
+            kept = (excerpts or {}).get((i, j))
+            if kept and message.get("role") in TOOL_ROLES:
+                message = {**message, "content": f"{message['content']}{EXCERPT_MARK}{kept}"}
+            messages.append(message)
     return msgspec.json.encode(messages).decode()
 
 

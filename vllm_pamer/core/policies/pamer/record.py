@@ -81,10 +81,12 @@ class _Part:
     """One thing of a step the record may show in part: the agent's words,
     one call, or one result, cut into units (lines, sentences, a whole call)."""
 
-    def __init__(self, kind: str, pieces_: list[str]) -> None:
+    def __init__(self, kind: str, pieces_: list[str], source: int = -1) -> None:
         self.kind = kind
         self.units = pieces_
         self.kept: set[int] = set()
+        self.source = source
+        """The index of the message it comes from in its block."""
 
     def render(self) -> str | None:
         """The units kept, in order, a gap mark where some were left out; None: nothing kept."""
@@ -106,7 +108,7 @@ class _Step:
         self.number = number
         self.parts: list[_Part] = []
         self.user: list[str] = []
-        for message in block.messages:
+        for index, message in enumerate(block.messages):
             role = message.get("role")
             text = _text(message.get("content")).strip()
             if role == "assistant":
@@ -119,7 +121,7 @@ class _Step:
             elif role == "user" and text:
                 self.user.append(f"user: {text}")
             elif text:  # a tool (or function) result
-                self.parts.append(_Part("result", units(text)))
+                self.parts.append(_Part("result", units(text), index))
         self.user_chars = 0
         """Characters of each user turn shown (0: whole), when the newest step alone is too long."""
 
@@ -223,6 +225,33 @@ def step_record(
         shown[id(step)] = step.render()
     texts = [shown[id(s)] for s in steps if shown[id(s)]]  # a step with nothing shown is left out
     return "\n".join([RECORD_HEADER] + ([note()] if omitted else []) + texts)
+
+
+def result_excerpts(
+    blocks: Sequence[Block], current: Sequence[Block], budget_chars: int, known: Sequence[Message] = ()
+) -> dict[tuple[int, int], str]:
+    """The lines of ``blocks``' tool results worth keeping when the rest of
+    each block stays whole (``excerpt_masking``: the agent's turns kept, its
+    tool outputs masked): chosen as the record chooses them (``excerpts.choose``,
+    recent steps and those like ``current`` first) within ``budget_chars``,
+    adding to what ``current``, ``known`` and the blocks' other messages hold.
+    Keyed by (block index, message index); a result with nothing kept is absent."""
+    steps = [_Step(i, b) for i, b in enumerate(blocks)]
+    scores = relevance(blocks, current)
+    parts = [(step, part) for step in steps for part in step.parts if part.kind == "result"]
+    results = {(step.number, part.source) for step, part in parts}
+    held = [m for b in current for m in b.messages] + list(known)
+    held += [m for i, b in enumerate(blocks) for j, m in enumerate(b.messages) if (i, j) not in results]
+    picks = choose(
+        [part.units for _, part in parts],
+        [_weight(scores[step.number], len(blocks) - step.number) for step, _ in parts],
+        words("\n".join(_held_text(m) for m in held)),
+        budget_chars,
+    )
+    for o, u in picks:
+        parts[o][1].kept.add(u)
+    shown = {(step.number, part.source): part.render() for step, part in parts}
+    return {key: text.removeprefix("result: ") for key, text in shown.items() if text}
 
 
 def without_echoes(text: str) -> str:

@@ -12,7 +12,11 @@ judged against what the schedule alone buys (issue 31):
   outputs replaced by a placeholder and the agent's own turns kept
   (``discard_tool``'s rule, applied only at compactions so it keeps the
   prefix cache); the oldest masked steps leave once the masked history
-  passes ``memory_share`` of the budget.
+  passes ``memory_share`` of the budget;
+* ``excerpt_masking``: observation masking whose placeholders are each
+  followed by the lines of that output the record would keep (``record.py``'s
+  choice, within ``record_share`` of the budget): the agent's turns stay as
+  it wrote them, and an old output's values stay where it read them.
 
 They take PaMER's budget options (``BudgetConfig``) and refuse those they do
 not read (``options_read``; every option of ``BudgetConfig`` is in exactly one
@@ -111,3 +115,10 @@ class ObservationMasking(_OnTheBudgetSchedule):
     name = "observation_masking"
     memory_kind: ClassVar[MemoryKind] = "masked"
     options_read = SCHEDULE_OPTIONS | SHOWN_OPTIONS
+
+
+@register_policy
+class ExcerptMasking(_OnTheBudgetSchedule):
+    name = "excerpt_masking"
+    memory_kind: ClassVar[MemoryKind] = "excerpts"
+    options_read = SCHEDULE_OPTIONS | SHOWN_OPTIONS | RECORD_OPTIONS
