@@ -30,6 +30,7 @@ engine) plug in through ``register_annotator``; see ``Annotator``. The command
 
 from __future__ import annotations
 
+import itertools
 from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -37,7 +38,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
-from vllm_pamer.core.blocks import Message, block_id, split_conversation
+from vllm_pamer.core.blocks import Conversation, Message, block_id, split_conversation
 from vllm_pamer.core.text import serialize_messages
 from vllm_pamer.salient import action_values, message_text, occurs
 
@@ -166,6 +167,20 @@ def block_tokens(block_messages: Sequence[Message], count_tokens: CountTokens, c
     return cache[key]
 
 
+def block_layout(
+    conversation: Conversation, count_tokens: CountTokens, cache: dict[str, int]
+) -> tuple[list[int], list[int]]:
+    """Each block's first message index in the trajectory and its tokens."""
+    starts: list[int] = []
+    tokens: list[int] = []
+    position = len(conversation.prefix)
+    for block in conversation.blocks:
+        starts.append(position)
+        position += len(block.messages)
+        tokens.append(block_tokens(block.messages, count_tokens, cache))
+    return starts, tokens
+
+
 def decision_contexts(
     trajectory: Mapping[str, Any],
     count_tokens: CountTokens,
@@ -184,13 +199,8 @@ def decision_contexts(
     messages = list(trajectory["messages"])
     conversation = split_conversation(messages)
     prefix_end = len(conversation.prefix)
-    starts: list[int] = []
-    cumulative = [0]  # cumulative[k] = tokens of blocks[:k]
-    position = prefix_end
-    for block in conversation.blocks:
-        starts.append(position)
-        position += len(block.messages)
-        cumulative.append(cumulative[-1] + block_tokens(block.messages, count_tokens, cache))
+    starts, tokens = block_layout(conversation, count_tokens, cache)
+    cumulative = [0, *itertools.accumulate(tokens)]  # cumulative[k] = tokens of blocks[:k]
 
     contexts: list[DecisionContext] = []
     users = 0

@@ -218,10 +218,10 @@ def relabel(meta: Sequence[Mapping[str, Any]], labels: Sequence[DecisionPoint]) 
     --labels``), matched by trajectory and message index; a row the labels do
     not name has none (it is left out of training)."""
     by_point = {(p.trajectory_id, p.message_index): p for p in labels}
+    fields = ("recall", "compression", "annotator")
     out = []
     for row in meta:
         point = by_point.get((str(row["trajectory_id"]), int(row["message_index"])))
-        fields = ("recall", "compression", "annotator")
         values = (point.recall, point.compression, point.annotator) if point else (None, None, "")
         out.append({**row, **dict(zip(fields, values))})
     return out

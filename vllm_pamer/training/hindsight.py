@@ -43,7 +43,7 @@ from vllm_pamer.training.annotate import (
     DecisionPoint,
     Occurrences,
     annotate_trajectory,
-    block_tokens,
+    block_layout,
     decision_contexts,
     old_only,
     register_annotator,
@@ -86,11 +86,7 @@ class HindsightAnnotator:
         messages = list(trajectory["messages"])
         conversation = split_conversation(messages)
         fixed = self.count_tokens(list(conversation.prefix)) + self.record_tokens
-        starts, tokens, position = [], [], len(conversation.prefix)
-        for block in conversation.blocks:
-            starts.append(position)
-            position += len(block.messages)
-            tokens.append(block_tokens(block.messages, self.count_tokens, self.token_cache))
+        starts, tokens = block_layout(conversation, self.count_tokens, self.token_cache)
         contexts = decision_contexts(trajectory, self.count_tokens, s, self.token_cache)
         where = Occurrences([message_text(m) for m in messages])
         observed = [m.get("role") != "assistant" for m in messages]
@@ -102,7 +98,7 @@ class HindsightAnnotator:
             count = archive_count(tokens[: ctx.n_old_blocks + ctx.n_recent_blocks], fixed, self.target, s.n_recent)
             if count == 0:
                 return set()
-            archived = msgspec.structs.replace(ctx, old_end=starts[count] if count < len(starts) else position)
+            archived = msgspec.structs.replace(ctx, old_end=starts[count] if count < len(starts) else len(messages))
             return {
                 v
                 for a in actions
