@@ -30,6 +30,7 @@ engine) plug in through ``register_annotator``; see ``Annotator``. The command
 
 from __future__ import annotations
 
+import importlib
 import itertools
 from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
@@ -380,13 +381,24 @@ def register_annotator(name: str) -> Callable[[AnnotatorFactory], AnnotatorFacto
     return decorate
 
 
+BUILTIN_MODULES = ("vllm_pamer.training.hindsight",)
+"""The modules of the annotators shipped beside this one; they import this
+module to register, so the registry imports them when first read."""
+
+
+def _registry() -> dict[str, AnnotatorFactory]:
+    for module in BUILTIN_MODULES:
+        importlib.import_module(module)
+    return _REGISTRY
+
+
 def annotator_definition(name: str) -> str:
     """What the labels of the annotator registered as ``name`` mean (empty: unknown)."""
-    return str(getattr(_REGISTRY.get(name), "definition", ""))
+    return str(getattr(_registry().get(name), "definition", ""))
 
 
 def available_annotators() -> list[str]:
-    return sorted(_REGISTRY)
+    return sorted(_registry())
 
 
 def create_annotator(
@@ -398,7 +410,7 @@ def create_annotator(
     """Build the annotator registered as ``name`` (default counter: the default
     model's tokenizer)."""
     try:
-        factory = _REGISTRY[name]
+        factory = _registry()[name]
     except KeyError:
         raise UnknownAnnotator(f"unknown annotator {name!r}; available: {', '.join(available_annotators())}") from None
     return factory(settings or AnnotatorSettings(), count_tokens or tokenizer_counter(), **options)

@@ -123,8 +123,6 @@ def annotate_main(argv: Sequence[str] | None = None) -> int:
 
     settings = AnnotatorSettings(n_recent=args.n_recent, horizon=args.horizon, min_old_tokens=args.min_old_tokens)
     counter = char_counter if args.tokens == "chars" else tokenizer_counter(args.tokenizer)
-    import vllm_pamer.training.hindsight  # noqa: F401  (registers "hindsight")
-
     try:
         annotator = create_annotator(args.annotator, settings, counter, **json.loads(args.annotator_options))
     except (UnknownAnnotator, TypeError, json.JSONDecodeError) as exc:

@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 
-from vllm_pamer.training import hindsight  # noqa: F401  (registers its definition)
 from vllm_pamer.training.annotate import annotator_definition
 from vllm_pamer.training.experiment import ExperimentResult
 from vllm_pamer.training.metrics import roc_curve, sign_flip_p

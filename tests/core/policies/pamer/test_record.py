@@ -137,3 +137,12 @@ def test_result_excerpts_keep_the_new_lines_of_the_outputs_within_the_budget():
     assert "src/module_3.py" not in text  # the live block holds it
     assert sum(len(t) for t in kept.values()) <= 200
     assert result_excerpts(blocks, current, 0) == {}
+
+
+def test_result_excerpts_spend_nothing_on_a_message_that_is_not_a_tool_output():
+    """Only a tool's output is masked, so only its lines have a place: a
+    system note inside a block (its words rare) takes none of the room."""
+    note = {"role": "system", "content": "NOTE_9911 quota_reset_at 04:00 by scheduler_main"}
+    step = _listing_step(0, ["ERR_4711 raised by parse_header"])
+    kept = result_excerpts([Block((*step.messages, note))], [], 400)
+    assert set(kept) == {(0, 1)} and "ERR_4711" in kept[(0, 1)]

@@ -25,6 +25,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from vllm_pamer.core.blocks import Block, Message
+from vllm_pamer.core.policies.baselines import TOOL_ROLES
 from vllm_pamer.core.policies.pamer.excerpts import WORD, choose, pieces, units, words
 from vllm_pamer.core.text import cap_head_and_tail
 
@@ -238,7 +239,12 @@ def result_excerpts(
     Keyed by (block index, message index); a result with nothing kept is absent."""
     steps = [_Step(i, b) for i, b in enumerate(blocks)]
     scores = relevance(blocks, current)
-    parts = [(step, part) for step in steps for part in step.parts if part.kind == "result"]
+    parts = [  # a tool's output only: another message is never masked, so it has no place for lines
+        (step, part)
+        for step, block in zip(steps, blocks)
+        for part in step.parts
+        if part.kind == "result" and block.messages[part.source].get("role") in TOOL_ROLES
+    ]
     results = {(step.number, part.source) for step, part in parts}
     held = [m for b in current for m in b.messages] + list(known)
     held += [m for i, b in enumerate(blocks) for j, m in enumerate(b.messages) if (i, j) not in results]
