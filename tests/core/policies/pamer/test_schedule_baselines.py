@@ -153,6 +153,40 @@ def test_excerpt_masking_keeps_the_agents_turns_and_lines_of_the_outputs(store):
     assert protocol_issues(sent) == [] and services.count_tokens(sent) < compacted.schedule.sent_tokens
 
 
+@pytest.mark.parametrize("policy", ["record_only", "pamer"])
+def test_with_turns_share_the_record_is_followed_by_the_newest_archived_turns_masked(store, policy):
+    """The memory (PaMER's summary and record, or the record alone), then the
+    newest archived blocks whole with their outputs masked, then the live
+    blocks: the agent's calls of those blocks verbatim in place, and not
+    again in the record; only the newest memory is shown."""
+    out, services = replay(store, policy, range(2, 40), record_share=0.2, turns_share=0.25)
+    summaries = services.summaries + services.conversation_summaries
+    assert services.embeds == 0 and (summaries > 0) == (policy == "pamer")
+    cuts = _compactions(out)
+    assert len(cuts) >= 2
+    history, last = out[-1][0], out[-1][1]
+    sent = last.messages
+    memory = sent[2]
+    assert memory["role"] == "user" and memory["content"].startswith(MEMORY_HEADER)
+    assert RECORD_HEADER in memory["content"] and "step 1:" in memory["content"]  # the record spans every step
+    calls = [m for m in sent if m.get("tool_calls")]
+    first_raw = history.index(calls[0])
+    assert calls == [m for m in history[first_raw:] if m.get("tool_calls")]  # no gap up to the live blocks
+    raw = {b.block_id for b in split_conversation(history).blocks}
+    turns = [b for b in split_conversation(sent).blocks if b.block_id not in raw]  # changed: masked
+    assert turns
+    for block in turns:
+        i = block.messages[1]["tool_call_id"][1:]
+        assert block.messages[1]["content"] == tool_placeholder(len(f"ID{i} ") + 900)
+        arguments = block.messages[0]["tool_calls"][0]["function"]["arguments"]
+        assert f"called lookup({arguments})" not in memory["content"]  # shown raw: not copied in the record
+    assert 'called lookup({"k": "ID0"})' in memory["content"]  # an older call is
+    assert protocol_issues(sent) == [] and last.schedule.sent_tokens <= 2000
+    stored = blocking(store).load("s1").memories
+    assert {m.embedder for m in stored} == {"record-turns" if policy == "record_only" else "summary-turns"}
+    assert last.recalled == (max(m.id for m in stored),)
+
+
 @pytest.mark.parametrize("policy", ["observation_masking", "excerpt_masking"])
 def test_the_masked_history_keeps_its_newest_steps_within_its_share(tmp_path, policy):
     """The masked steps shown are the newest that fit ``memory_share`` of the
@@ -180,6 +214,8 @@ def test_the_masked_history_keeps_its_newest_steps_within_its_share(tmp_path, po
         ("record_only", "top_k"),
         ("record_only", "memory_share"),
         ("record_only", "schedule"),
+        ("observation_masking", "turns_share"),
+        ("excerpt_masking", "turns_share"),
     ],
 )
 def test_a_baseline_refuses_the_options_it_does_not_read(policy, option):
@@ -197,9 +233,10 @@ def test_every_budget_option_is_in_exactly_one_group_of_what_the_baselines_read(
         SHOWN_OPTIONS,
         SIMILARITY_OPTIONS,
         SUMMARY_OPTIONS,
+        TURNS_OPTIONS,
     )
 
-    groups = [SCHEDULE_OPTIONS, SHOWN_OPTIONS, RECORD_OPTIONS, SIMILARITY_OPTIONS, SUMMARY_OPTIONS]
+    groups = [SCHEDULE_OPTIONS, SHOWN_OPTIONS, RECORD_OPTIONS, TURNS_OPTIONS, SIMILARITY_OPTIONS, SUMMARY_OPTIONS]
     fields = set(BudgetConfig.__struct_fields__) - {"schedule"}
     assert set().union(*groups) == fields
     assert sum(len(g) for g in groups) == len(fields)  # no option in two groups

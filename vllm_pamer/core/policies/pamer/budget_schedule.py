@@ -43,6 +43,7 @@ from vllm_pamer.core.policies.base import (
     ScheduleReport,
     Trigger,
 )
+from vllm_pamer.core.policies.baselines import masked
 from vllm_pamer.core.policies.pamer.ahead import Ahead
 from vllm_pamer.core.policies.pamer.budget import (
     CHARS_PER_TOKEN,
@@ -61,6 +62,7 @@ from vllm_pamer.core.policies.pamer.budget import (
 from vllm_pamer.core.policies.pamer.config import BudgetConfig
 from vllm_pamer.core.policies.pamer.memory import (
     MASKED_KINDS,
+    TURN_KINDS,
     MemoryKind,
     MemoryWriter,
     archived_blocks,
@@ -68,6 +70,7 @@ from vllm_pamer.core.policies.pamer.memory import (
     kind_embedder,
     masked_text,
     shown_messages,
+    turns_text,
 )
 from vllm_pamer.core.policies.pamer.record import result_excerpts, step_record
 from vllm_pamer.core.policies.pamer.shown import ShownMemories
@@ -225,14 +228,23 @@ class BudgetSchedule:
         block_tokens = [self._count(b.block_id, list(b.messages), services) for b in view.live]
         # The record has its room before any raw block is kept: a line of many
         # archived steps carries more of what comes next than one more old block.
-        record_tokens = int(cfg.record_share * budget.budget) if self.kind in ("summary", "record", "excerpts") else 0
-        summary_tokens = cfg.summary_max_tokens if self.kind == "summary" else 0
-        masked_tokens = int(cfg.memory_share * budget.budget) if self.kind in MASKED_KINDS else 0  # its history's room
+        record_tokens, masked_tokens = self._rooms(budget)
+        summary_tokens = cfg.summary_max_tokens if self.kind in ("summary", "summary_turns") else 0
         least = prefix_tokens + summary_tokens + record_tokens + masked_tokens
         count = archive_count(block_tokens, least, budget.target, cfg.retained_blocks)
         if least + sum(block_tokens[count:]) > budget.target:
             count = archive_count(block_tokens, least, budget.target, 1)
         return Plan(count, prefix_tokens, block_tokens, record_tokens)
+
+    def _rooms(self, budget: Budget) -> tuple[int, int]:
+        """Tokens a new memory has for its record, and for the archived blocks
+        it shows with their outputs masked (a masked history's ``memory_share``,
+        the turns after a record's ``turns_share``)."""
+        cfg = self.config
+        recorded = self.kind in ("summary", "record", "excerpts") or self.kind in TURN_KINDS
+        record = int(cfg.record_share * budget.budget) if recorded else 0
+        share = cfg.memory_share if self.kind in MASKED_KINDS else cfg.turns_share if self.kind in TURN_KINDS else 0.0
+        return record, int(share * budget.budget)
 
     def send(self, request: PolicyRequest, context: PolicyContext, choice: Choice, notes: list[str]) -> PolicyDecision:
         """No compaction: P + the memories shown + the live blocks, append-only."""
@@ -271,17 +283,39 @@ class BudgetSchedule:
             excerpts = await asyncio.to_thread(result_excerpts, archived, kept, record_chars, choice.view.prefix)
             return masked_text(archived, excerpts), NO_EMBEDDING
         earlier = await archived_blocks(context.store, request.session_id, choice.searchable)
-        record = await asyncio.to_thread(step_record, earlier + archived, kept, record_chars, known=choice.view.prefix)
-        if self.kind == "record":  # the newest record alone is shown: no embedding, no engine request
-            return record, NO_EMBEDDING
-        if budget.under_kv_pressure and not cfg.kv_pressure_summary:
-            return record, await self.memory.embed(record, services, request.previous_state)  # no summary request
+        # with turns: the newest archived blocks whole (outputs masked); the record of every step beside them
+        turns = (
+            self._newest_turns(earlier + archived, self._rooms(budget)[1], services) if self.kind in TURN_KINDS else []
+        )
+        known = [*choice.view.prefix, *flatten(turns)]
+        record = await asyncio.to_thread(step_record, earlier + archived, kept, record_chars, known=known)
+        if self.kind in ("record", "turns"):  # the newest record alone is shown: no embedding, no engine request
+            return (record if self.kind == "record" else turns_text(record, turns)), NO_EMBEDDING
+        if budget.under_kv_pressure and not cfg.kv_pressure_summary:  # no summary request
+            if self.kind == "summary_turns":
+                return turns_text(record, turns), NO_EMBEDDING
+            return record, await self.memory.embed(record, services, request.previous_state)
         # under KV pressure the conversation is seldom still cached: the text layout
         # prefills less; a budget held to the session's KV share keeps it cached
         scarce = budget.under_kv_pressure and not budget.shared
         resend = None if scarce and cfg.kv_pressure_summary_layout == "text" else list(choice.view.prefix)
+        if self.kind == "summary_turns":  # the newest alone is shown, never recalled: no embedding
+            seen = shown_messages(self.kind, choice.shown)
+            summary = await self.memory.summarize(archived, services, resend, seen)
+            return turns_text(f"{summary}\n\n{record}", turns), NO_EMBEDDING
         summary, embedding = await self.memory.summarize_and_embed(archived, services, resend, choice.shown)
         return f"{summary}\n\n{record}", embedding
+
+    def _newest_turns(self, blocks: list[Block], room: int, services: EngineServices) -> list[Block]:
+        """The newest of ``blocks`` whose turns, outputs masked, fit ``room`` tokens together."""
+        chosen: list[Block] = []
+        used = 0
+        for block in reversed(blocks):
+            used += self._count("masked-block:" + block.block_id, masked(block.messages)[0], services)
+            if used > room:
+                break
+            chosen.insert(0, block)
+        return chosen
 
     async def compact(
         self,

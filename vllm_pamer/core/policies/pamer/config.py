@@ -123,6 +123,11 @@ class BudgetConfig(PamerOptions, frozen=True):
     ``benchmarks/RESULTS.md``, "The record's lines")."""
     memory_share: float = 0.3
     """The memories a request shows take at most this share of the budget."""
+    turns_share: float = 0.0
+    """After a memory with a record, show the newest archived blocks as the
+    agent wrote them, their tool outputs masked, within this share of the
+    budget (the record's lines stand for those outputs; ``memory.py``,
+    ``turns_text``); a compaction keeps room for them. 0: none."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -144,6 +149,8 @@ class BudgetConfig(PamerOptions, frozen=True):
             raise ValueError("kv_share_idle_s must be > 0")
         if not 0 < self.record_share < 1 or not 0 < self.memory_share < 1:
             raise ValueError("record_share and memory_share must be in (0, 1)")
+        if not 0 <= self.turns_share < 1:
+            raise ValueError("turns_share must be in [0, 1) (0: no archived turns shown)")
 
 
 class PaperConfig(PamerOptions, frozen=True):

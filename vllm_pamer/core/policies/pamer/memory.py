@@ -31,6 +31,23 @@ class MemoryWriter:
     def __init__(self, config: PamerOptions) -> None:
         self.config = config
 
+    async def summarize(
+        self,
+        blocks: Sequence[Block],
+        services: EngineServices,
+        prefix: Sequence[Message] | None = None,
+        shown: Sequence[Message] = (),
+    ) -> str:
+        """``prefix`` (P) and ``shown`` (the memory messages the previous
+        request showed) rebuild what the engine saw before ``blocks``, for the
+        conversation layout; without ``prefix`` the text layout is used."""
+        cfg = self.config
+        conversation = None
+        if cfg.summary_layout == "conversation" and prefix is not None:
+            seen = list(prefix) + list(shown)
+            conversation = seen + flatten(blocks) + [summary_instruction(after_memories=bool(shown))]
+        return await write_summary(services, cfg, blocks, conversation)
+
     async def summarize_and_embed(
         self,
         blocks: Sequence[Block],
@@ -38,15 +55,8 @@ class MemoryWriter:
         prefix: Sequence[Message] | None = None,
         shown: Sequence[Memory] = (),
     ) -> tuple[str, np.ndarray]:
-        """``prefix`` (P) and ``shown`` (the memories the previous request
-        showed) rebuild what the engine saw before ``blocks``, for the
-        conversation layout; without ``prefix`` the text layout is used."""
-        cfg = self.config
-        conversation = None
-        if cfg.summary_layout == "conversation" and prefix is not None:
-            seen = list(prefix) + ([memory_message(shown)] if shown else [])
-            conversation = seen + flatten(blocks) + [summary_instruction(after_memories=bool(shown))]
-        summary = await write_summary(services, cfg, blocks, conversation)
+        """The summary (``summarize``, ``shown`` as one memory message) and its embedding."""
+        summary = await self.summarize(blocks, services, prefix, [memory_message(shown)] if shown else [])
         return summary, await self.embed(summary, services)
 
     async def embed(self, text: str, services: EngineServices, state: np.ndarray | None = None) -> np.ndarray:
@@ -93,23 +103,42 @@ def summary_part(memory: Memory) -> str:
     return "" if memory.summary.startswith(RECORD_HEADER) else memory.summary.split("\n\n" + RECORD_HEADER, 1)[0]
 
 
-MemoryKind = Literal["summary", "record", "none", "masked", "excerpts"]
+MemoryKind = Literal["summary", "record", "none", "masked", "excerpts", "turns", "summary_turns"]
 """What replaces the blocks a budget-schedule compaction archives: ``summary``
 (PaMER: a summary and the verbatim record), ``record`` (the record alone, no
 summary request), ``none`` (nothing: truncation), ``masked`` (the blocks
 themselves with their tool outputs replaced by a placeholder: observation
 masking in the schedule's large, rare steps), ``excerpts`` (the same, each
-placeholder followed by the lines of that output the record would keep)."""
+placeholder followed by the lines of that output the record would keep),
+``turns`` and ``summary_turns`` (``record`` and ``summary`` followed by the
+newest archived blocks with their tool outputs masked: the agent's own turns
+as it wrote them, the old outputs' lines in the record; ``turns_share``)."""
+
+TURN_KINDS: frozenset[MemoryKind] = frozenset({"turns", "summary_turns"})
+"""The kinds whose memory shows archived turns after its text."""
+
+
+def with_turns(kind: MemoryKind, turns_share: float) -> MemoryKind:
+    """The kind a memory with a record is, given ``turns_share`` (0: as it is)."""
+    if turns_share <= 0:
+        return kind
+    return {"summary": "summary_turns", "record": "turns"}.get(kind, kind)  # type: ignore[return-value]
+
 
 MASKED_KINDS: frozenset[MemoryKind] = frozenset({"masked", "excerpts"})
 """The kinds whose memory is the archived blocks themselves, outputs masked: a
 history shown newest first within its share, measured in tokens."""
+
+NEWEST_ALONE: frozenset[MemoryKind] = frozenset({"record", "turns", "summary_turns"})
+"""The kinds whose newest memory covers every archived step: it alone is shown."""
 
 UNSHOWN_EMBEDDERS: dict[MemoryKind, str] = {
     "none": "truncated",
     "masked": "masked",
     "excerpts": "masked-excerpts",
     "record": "record-only",
+    "turns": "record-turns",
+    "summary_turns": "summary-turns",
 }
 """The embedder names of memories no recall searches (their embedding is
 ``NO_EMBEDDING``: a record alone shows only its newest, so none is ever
@@ -125,9 +154,13 @@ def shown_messages(kind: MemoryKind, memories: Sequence[Memory]) -> list[Message
     """What a request shows for ``memories`` (already chosen) after its prefix."""
     if not memories or kind == "none":
         return []
-    if kind in MASKED_KINDS:
+    if kind in MASKED_KINDS:  # messages, as JSON
         ordered = sorted(memories, key=lambda m: m.id)
         return [message for m in ordered for message in msgspec.json.decode(m.summary)]
+    if kind in TURN_KINDS:  # the newest alone: its text as a memory message, then its turns
+        newest = max(memories, key=lambda m: m.id)
+        stored = msgspec.json.decode(newest.summary, type=TurnsMemory)
+        return [memory_message([msgspec.structs.replace(newest, summary=stored.text)]), *stored.turns]
     return [shown_message(memories)]
 
 
@@ -147,6 +180,22 @@ def masked_text(blocks: Sequence[Block], excerpts: Mapping[tuple[int, int], str]
                 message = {**message, "content": f"{message['content']}{EXCERPT_MARK}{kept}"}
             messages.append(message)
     return msgspec.json.encode(messages).decode()
+
+
+class TurnsMemory(msgspec.Struct):
+    """A memory of a kind in ``TURN_KINDS``, as stored (JSON)."""
+
+    text: str
+    """The summary and the record, or the record alone."""
+    turns: list[Message]
+    """The newest archived blocks' messages, tool outputs masked."""
+
+
+def turns_text(text: str, turns: Sequence[Block]) -> str:
+    """A memory with turns, to store: ``text``, then ``turns`` (whole blocks,
+    so a call keeps its result) with their tool outputs masked."""
+    masked_turns = [message for block in turns for message in masked(block.messages)[0]]
+    return msgspec.json.encode(TurnsMemory(text, masked_turns)).decode()
 
 
 async def archived_blocks(store: MemoryStore, session: str, memories: Sequence[Memory]) -> list[Block]:

@@ -19,7 +19,7 @@ from vllm_pamer.core.policies.base import (
 from vllm_pamer.core.policies.pamer.ahead_schedule import AheadSchedule
 from vllm_pamer.core.policies.pamer.budget_schedule import BudgetSchedule
 from vllm_pamer.core.policies.pamer.config import BudgetConfig, PamerConfig, PaperConfig, schedule_config
-from vllm_pamer.core.policies.pamer.memory import MemoryKind, MemoryWriter
+from vllm_pamer.core.policies.pamer.memory import MemoryKind, MemoryWriter, with_turns
 from vllm_pamer.core.policies.pamer.paper_schedule import PaperSchedule
 from vllm_pamer.core.store import Memory, StoreError
 
@@ -51,7 +51,10 @@ class Pamer(MemoryPolicy):
             PaperSchedule(self.config, self.memory)
             if isinstance(self.config, PaperConfig)
             else (AheadSchedule if self.config.write_ahead else BudgetSchedule)(
-                self.config, self.memory, kind=self.memory_kind, expects_vote=self.requires_heads
+                self.config,
+                self.memory,
+                kind=with_turns(self.memory_kind, self.config.turns_share),
+                expects_vote=self.requires_heads,
             )
         )
 

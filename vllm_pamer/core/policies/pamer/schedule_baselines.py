@@ -7,7 +7,8 @@ judged against what the schedule alone buys (issue 31):
   nothing is lost), no engine request;
 * ``record_only``: the verbatim record of the archived steps (``record.py``)
   without a summary; the newest record covers every archived step, so it
-  alone is shown: no engine request;
+  alone is shown: no engine request. With ``turns_share`` the newest archived
+  blocks follow it, their outputs masked (as PaMER's memory with it);
 * ``observation_masking``: the archived blocks themselves with their tool
   outputs replaced by a placeholder and the agent's own turns kept
   (``discard_tool``'s rule, applied only at compactions so it keeps the
@@ -60,6 +61,8 @@ SHOWN_OPTIONS = frozenset({"memory_share"})
 """What a memory shown beside others reads: the room of the memories shown."""
 RECORD_OPTIONS = frozenset({"record_share"})
 """What a memory with a record reads."""
+TURNS_OPTIONS = frozenset({"turns_share"})
+"""What a memory whose record may be followed by archived turns reads."""
 SIMILARITY_OPTIONS = frozenset({"top_k", "embed_timeout_s", "embed_attempts", "query_source"})
 """What memories chosen by similarity to the captured state read."""
 SUMMARY_OPTIONS = frozenset(
@@ -107,7 +110,7 @@ class Truncate(_OnTheBudgetSchedule):
 class RecordOnly(_OnTheBudgetSchedule):
     name = "record_only"
     memory_kind: ClassVar[MemoryKind] = "record"
-    options_read = SCHEDULE_OPTIONS | RECORD_OPTIONS
+    options_read = SCHEDULE_OPTIONS | RECORD_OPTIONS | TURNS_OPTIONS
 
 
 @register_policy

@@ -11,7 +11,7 @@ import numpy as np
 from cachetools import LRUCache
 
 from vllm_pamer.core.policies.base import MAX_TRACKED_SESSIONS
-from vllm_pamer.core.policies.pamer.memory import MASKED_KINDS, MemoryKind, summary_part
+from vllm_pamer.core.policies.pamer.memory import MASKED_KINDS, NEWEST_ALONE, MemoryKind, summary_part
 from vllm_pamer.core.recall import cosine_scores
 from vllm_pamer.core.store import Memory, MemoryStore
 
@@ -65,6 +65,8 @@ class ShownMemories:
         scores = cosine_scores(query, memories) if query is not None else {}
         rest = sorted((m for m in memories if m.id != newest.id), key=lambda m: (-scores.get(m.id, 0.0), -m.id))
         chosen: list[Memory] = [newest]
+        if self.kind in NEWEST_ALONE:
+            return chosen
         if self.kind in MASKED_KINDS and size is not None:
             used = size(newest)
             for memory in rest:  # newest first
@@ -78,7 +80,7 @@ class ShownMemories:
             if len(chosen) == self.top_k:
                 break
             chars = len(summary_part(memory))
-            if chars and used + chars <= budget:  # a record alone shows nothing once older
+            if chars and used + chars <= budget:
                 chosen.append(memory)
                 used += chars
         return sorted(chosen, key=lambda m: m.id)
