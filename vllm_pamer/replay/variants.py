@@ -60,6 +60,7 @@ def policy_options(summary_tokens: int) -> dict[str, dict[str, Any]]:
         # the tight budget)
         "record_turns": {"policy": "record_only", "turns_share": 0.3},
         "record_turns_lean": {"policy": "record_only", "record_share": 0.2, "turns_share": 0.1},
+        "pamer_turns": {"policy": "pamer", "summary_max_tokens": n, "turns_share": 0.1},
         # recency at more character shares: the curve a policy's next-action likelihood is read against
         "recent_5": {"policy": "recent_k", "k": 5},
         "recent_10": {"policy": "recent_k", "k": 10},
