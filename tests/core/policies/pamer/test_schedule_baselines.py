@@ -240,3 +240,23 @@ def test_every_budget_option_is_in_exactly_one_group_of_what_the_baselines_read(
     fields = set(BudgetConfig.__struct_fields__) - {"schedule"}
     assert set().union(*groups) == fields
     assert sum(len(g) for g in groups) == len(fields)  # no option in two groups
+
+
+def test_the_record_beside_turns_may_keep_lines_of_the_outputs_they_mask():
+    """The turns hold their calls, not their outputs: a rare line of a masked
+    output is the record's to keep, a call shown raw is not."""
+    from vllm_pamer.core.blocks import Block
+    from vllm_pamer.core.policies.pamer.memory import held_with_turns
+    from vllm_pamer.core.policies.pamer.record import step_record
+
+    call = {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "grep -rn TOKEN"}'}}
+    turn = Block(
+        (
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "src/auth/session_store.py:88: TOKEN_TTL = 3600"},
+        )
+    )
+    prefix = [{"role": "user", "content": "Task: fix the expiry"}]
+    record = step_record([turn], [], 2000, known=held_with_turns(prefix, [turn]))
+    assert "session_store.py:88: TOKEN_TTL = 3600" in record
+    assert "called bash" not in record

@@ -67,6 +67,7 @@ from vllm_pamer.core.policies.pamer.memory import (
     MemoryWriter,
     archived_blocks,
     captured_query,
+    held_with_turns,
     kind_embedder,
     masked_text,
     shown_messages,
@@ -287,7 +288,7 @@ class BudgetSchedule:
         turns = (
             self._newest_turns(earlier + archived, self._rooms(budget)[1], services) if self.kind in TURN_KINDS else []
         )
-        known = [*choice.view.prefix, *flatten(turns)]
+        known = held_with_turns(choice.view.prefix, turns)
         record = await asyncio.to_thread(step_record, earlier + archived, kept, record_chars, known=known)
         if self.kind in ("record", "turns"):  # the newest record alone is shown: no embedding, no engine request
             return (record if self.kind == "record" else turns_text(record, turns)), NO_EMBEDDING

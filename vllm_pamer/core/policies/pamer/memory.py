@@ -191,6 +191,13 @@ class TurnsMemory(msgspec.Struct):
     """The newest archived blocks' messages, tool outputs masked."""
 
 
+def held_with_turns(prefix: Sequence[Message], turns: Sequence[Block]) -> list[Message]:
+    """What a request with ``turns`` holds besides its record and live blocks:
+    the prefix and the turns as shown, outputs masked (so the record may keep
+    lines of those outputs)."""
+    return [*prefix, *(message for block in turns for message in masked(block.messages)[0])]
+
+
 def turns_text(text: str, turns: Sequence[Block]) -> str:
     """A memory with turns, to store: ``text``, then ``turns`` (whole blocks,
     so a call keeps its result) with their tool outputs masked."""
