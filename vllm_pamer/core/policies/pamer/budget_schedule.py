@@ -19,6 +19,10 @@ Per request of a session, with C_eff = P + the live blocks:
    within the memory budget. Otherwise ``send`` sends P + E + live blocks.
 
 Any failure sends the original request; nothing is removed before it is stored.
+
+Longer than 400 lines: the decision, the compaction transaction and the
+memory written by kind share one session state (token counts, memories
+shown); ``write_memory`` and its rooms are the part to move out next.
 """
 
 from __future__ import annotations
