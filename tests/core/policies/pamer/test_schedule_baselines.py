@@ -246,7 +246,7 @@ def test_the_record_beside_turns_may_keep_lines_of_the_outputs_they_mask():
     """The turns hold their calls, not their outputs: a rare line of a masked
     output is the record's to keep, a call shown raw is not."""
     from vllm_pamer.core.blocks import Block
-    from vllm_pamer.core.policies.pamer.memory import held_with_turns
+    from vllm_pamer.core.policies.pamer.memory import turn_messages
     from vllm_pamer.core.policies.pamer.record import step_record
 
     call = {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "grep -rn TOKEN"}'}}
@@ -257,6 +257,6 @@ def test_the_record_beside_turns_may_keep_lines_of_the_outputs_they_mask():
         )
     )
     prefix = [{"role": "user", "content": "Task: fix the expiry"}]
-    record = step_record([turn], [], 2000, known=held_with_turns(prefix, [turn]))
+    record = step_record([turn], [], 2000, known=[*prefix, *turn_messages([turn])])
     assert "session_store.py:88: TOKEN_TTL = 3600" in record
     assert "called bash" not in record

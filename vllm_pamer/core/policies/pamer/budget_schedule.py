@@ -47,7 +47,6 @@ from vllm_pamer.core.policies.base import (
     ScheduleReport,
     Trigger,
 )
-from vllm_pamer.core.policies.baselines import masked
 from vllm_pamer.core.policies.pamer.ahead import Ahead
 from vllm_pamer.core.policies.pamer.budget import (
     CHARS_PER_TOKEN,
@@ -71,10 +70,10 @@ from vllm_pamer.core.policies.pamer.memory import (
     MemoryWriter,
     archived_blocks,
     captured_query,
-    held_with_turns,
     kind_embedder,
     masked_text,
     shown_messages,
+    turn_messages,
     turns_text,
 )
 from vllm_pamer.core.policies.pamer.record import result_excerpts, step_record
@@ -289,10 +288,9 @@ class BudgetSchedule:
             return masked_text(archived, excerpts), NO_EMBEDDING
         earlier = await archived_blocks(context.store, request.session_id, choice.searchable)
         # with turns: the newest archived blocks whole (outputs masked); the record of every step beside them
-        turns = (
-            self._newest_turns(earlier + archived, self._rooms(budget)[1], services) if self.kind in TURN_KINDS else []
-        )
-        known = held_with_turns(choice.view.prefix, turns)
+        room = self._rooms(budget)[1]
+        turns = turn_messages(self._newest_turns(earlier + archived, room, services)) if self.kind in TURN_KINDS else []
+        known = [*choice.view.prefix, *turns]
         record = await asyncio.to_thread(step_record, earlier + archived, kept, record_chars, known=known)
         if self.kind in ("record", "turns"):  # the newest record alone is shown: no embedding, no engine request
             return (record if self.kind == "record" else turns_text(record, turns)), NO_EMBEDDING
@@ -316,7 +314,7 @@ class BudgetSchedule:
         chosen: list[Block] = []
         used = 0
         for block in reversed(blocks):
-            used += self._count("masked-block:" + block.block_id, masked(block.messages)[0], services)
+            used += self._count("masked-block:" + block.block_id, turn_messages([block]), services)
             if used > room:
                 break
             chosen.insert(0, block)

@@ -120,9 +120,11 @@ TURN_KINDS: frozenset[MemoryKind] = frozenset({"turns", "summary_turns"})
 
 def with_turns(kind: MemoryKind, turns_share: float) -> MemoryKind:
     """The kind a memory with a record is, given ``turns_share`` (0: as it is)."""
-    if turns_share <= 0:
-        return kind
-    return {"summary": "summary_turns", "record": "turns"}.get(kind, kind)  # type: ignore[return-value]
+    if turns_share > 0 and kind == "summary":
+        return "summary_turns"
+    if turns_share > 0 and kind == "record":
+        return "turns"
+    return kind
 
 
 MASKED_KINDS: frozenset[MemoryKind] = frozenset({"masked", "excerpts"})
@@ -191,18 +193,15 @@ class TurnsMemory(msgspec.Struct):
     """The newest archived blocks' messages, tool outputs masked."""
 
 
-def held_with_turns(prefix: Sequence[Message], turns: Sequence[Block]) -> list[Message]:
-    """What a request with ``turns`` holds besides its record and live blocks:
-    the prefix and the turns as shown, outputs masked (so the record may keep
-    lines of those outputs)."""
-    return [*prefix, *(message for block in turns for message in masked(block.messages)[0])]
+def turn_messages(turns: Sequence[Block]) -> list[Message]:
+    """``turns`` as a memory shows them: whole blocks (a call keeps its
+    result), tool outputs masked (the record may keep lines of them)."""
+    return masked(flatten(turns))[0]
 
 
-def turns_text(text: str, turns: Sequence[Block]) -> str:
-    """A memory with turns, to store: ``text``, then ``turns`` (whole blocks,
-    so a call keeps its result) with their tool outputs masked."""
-    masked_turns = [message for block in turns for message in masked(block.messages)[0]]
-    return msgspec.json.encode(TurnsMemory(text, masked_turns)).decode()
+def turns_text(text: str, turns: Sequence[Message]) -> str:
+    """A memory with turns (``turn_messages``), to store."""
+    return msgspec.json.encode(TurnsMemory(text, list(turns))).decode()
 
 
 async def archived_blocks(store: MemoryStore, session: str, memories: Sequence[Memory]) -> list[Block]:

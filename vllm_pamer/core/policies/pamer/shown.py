@@ -80,7 +80,9 @@ class ShownMemories:
             if len(chosen) == self.top_k:
                 break
             chars = len(summary_part(memory))
-            if chars and used + chars <= budget:
+            if (
+                chars and used + chars <= budget
+            ):  # a record alone (no summary under KV pressure) shows nothing once older
                 chosen.append(memory)
                 used += chars
         return sorted(chosen, key=lambda m: m.id)
