@@ -28,6 +28,15 @@ def healthy(base_url: str) -> bool:
         return False
 
 
+def first_traceback(log_path: Path, lines: int = 40) -> str:
+    """The log's first traceback, ``lines`` from its start ("" if none): a
+    child that died (an API process under ``--api-server-count``) says why
+    there, often well above the shutdown lines a tail shows."""
+    log = Path(log_path).read_text(errors="replace").splitlines(True)
+    start = next((i for i, line in enumerate(log) if "Traceback (most recent call last)" in line), None)
+    return "" if start is None else "".join(log[start : start + lines])
+
+
 class ServerProcess:
     """``vllm-pamer serve`` in a child process (its own process group)."""
 
@@ -50,7 +59,8 @@ class ServerProcess:
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
                     raise RuntimeError(
-                        f"server exited with {self.proc.returncode}; see {self.log_path}:\n{self.tail()}"
+                        f"server exited with {self.proc.returncode}; see {self.log_path}; its first traceback:\n"
+                        f"{self.first_traceback()}\nits log ends:\n{self.tail()}"
                     )
                 if healthy(self.base_url):
                     return
@@ -60,6 +70,9 @@ class ServerProcess:
 
     def tail(self, lines: int = 30) -> str:
         return "".join(Path(self.log_path).read_text(errors="replace").splitlines(True)[-lines:])
+
+    def first_traceback(self, lines: int = 40) -> str:
+        return first_traceback(self.log_path, lines)
 
     def kill(self) -> None:
         """SIGKILL the whole server (API server, engine, workers): a crash."""

@@ -111,7 +111,8 @@ def run_mode(mode: str, model_dir: Path, prompts: list[str], workdir: Path) -> M
         except httpx.HTTPError as exc:  # the server went away mid-run: say why, from its log
             raise RuntimeError(
                 f"{mode}: the server stopped answering ({exc}); {sum(r is None for r in reports)} of "
-                f"{len(reports)} requests failed; its log ends:\n{server.tail(60)}"
+                f"{len(reports)} requests failed; its first traceback:\n{server.first_traceback()}\n"
+                f"its log ends:\n{server.tail(60)}"
             ) from exc
     finally:
         server.stop()
