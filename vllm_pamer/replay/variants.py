@@ -55,10 +55,8 @@ def policy_options(summary_tokens: int) -> dict[str, dict[str, Any]]:
         "periodic_summary": {"summary_max_tokens": n},
         "rolling_summary": {"summary_max_tokens": n},
         "sam": {"cue_max_tokens": n, "recall_max_tokens": n},
-        # the record followed by the newest archived turns, outputs masked (issue 31): at the
-        # default shares, and in less room (the best of the tuning split's engine-free grid at
-        # the tight budget)
-        "record_turns": {"policy": "record_only", "turns_share": 0.3},
+        # the record followed by the newest archived turns, outputs masked (issue 31), in the room
+        # the best of the tuning split's engine-free grid at the tight budget gave them
         "record_turns_lean": {"policy": "record_only", "record_share": 0.2, "turns_share": 0.1},
         "pamer_turns": {"policy": "pamer", "summary_max_tokens": n, "turns_share": 0.1},
         # recency at more character shares: the curve a policy's next-action likelihood is read against

@@ -38,3 +38,14 @@ def test_the_schedule_picks_the_config_and_each_refuses_the_others_options():
             create_policy("pamer", {option: 1})
     with pytest.raises(ValueError, match="unknown field"):
         create_policy("pamer", {"no_such_option": 1})  # an option of neither: msgspec's own refusal
+
+
+def test_the_record_and_the_turns_must_leave_room_below_the_target():
+    """A compaction keeps room for both below its target: past it, every
+    compaction would keep one raw block (refused, with the numbers)."""
+    with pytest.raises(ValueError, match=r"record_share \+ turns_share \(0.25 \+ 0.3\)"):
+        create_policy("record_only", {"turns_share": 0.3})
+    with pytest.raises(ValueError, match="target_share"):
+        create_policy("pamer", {"record_share": 0.2, "turns_share": 0.2, "target_share": 0.4})
+    create_policy("pamer", {"record_share": 0.2, "turns_share": 0.1})
+    create_policy("pamer", {"record_share": 0.5, "target_share": 0.4})  # without turns: as before

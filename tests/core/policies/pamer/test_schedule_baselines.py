@@ -158,10 +158,11 @@ def test_with_turns_share_the_record_is_followed_by_the_newest_archived_turns_ma
     """The memory (PaMER's summary and record, or the record alone), then the
     newest archived blocks whole with their outputs masked, then the live
     blocks: the agent's calls of those blocks verbatim in place, and not
-    again in the record; only the newest memory is shown."""
+    again in the record; the newest memory's text whole, the turns after
+    the memory message (PaMER's older summaries: the next test)."""
     out, services = replay(store, policy, range(2, 40), record_share=0.2, turns_share=0.25)
     summaries = services.summaries + services.conversation_summaries
-    assert services.embeds == 0 and (summaries > 0) == (policy == "pamer")
+    assert (summaries > 0) == (policy == "pamer")
     cuts = _compactions(out)
     assert len(cuts) >= 2
     history, last = out[-1][0], out[-1][1]
@@ -183,8 +184,29 @@ def test_with_turns_share_the_record_is_followed_by_the_newest_archived_turns_ma
     assert 'called lookup({"k": "ID0"})' in memory["content"]  # an older call is
     assert protocol_issues(sent) == [] and last.schedule.sent_tokens <= 2000
     stored = blocking(store).load("s1").memories
-    assert {m.embedder for m in stored} == {"record-turns" if policy == "record_only" else "summary-turns"}
-    assert last.recalled == (max(m.id for m in stored),)
+    assert {m.embedder for m in stored} == {"record-turns" if policy == "record_only" else "bag-of-words"}
+    assert services.embeds == (len(stored) if policy == "pamer" else 0)  # a summary is recalled by its embedding
+    assert max(last.recalled or ()) == max(m.id for m in stored)
+    if policy == "record_only":
+        assert last.recalled == (max(m.id for m in stored),)  # a record alone: the newest covers every step
+
+
+def test_pamer_with_turns_recalls_older_summaries_beside_the_newest_turns(store):
+    """PaMER with ``turns_share``: one memory message (older memories by
+    their summaries, the newest whole), then the newest memory's turns; the
+    older memories' turns are not shown again."""
+    out, _ = replay(store, "pamer", range(2, 60), record_share=0.1, turns_share=0.1, memory_share=0.5)
+    last = out[-1][1]
+    assert last.recalled is not None and len(last.recalled) >= 2, last.recalled
+    sent = last.messages
+    memory = sent[2]["content"]
+    assert memory.startswith(MEMORY_HEADER) and all(f"[memory {i}]" in memory for i in last.recalled)
+    assert memory.count(RECORD_HEADER) == 1 and '"turns"' not in memory  # older ones by their summaries
+    assert protocol_issues(sent) == [] and last.schedule.sent_tokens <= 2000
+    raw = {b.block_id for b in split_conversation(out[-1][0]).blocks}
+    masked = [b for b in split_conversation(sent).blocks if b.block_id not in raw]
+    calls = [m for m in sent if m.get("tool_calls")]
+    assert masked and calls == [m for m in out[-1][0][out[-1][0].index(calls[0]) :] if m.get("tool_calls")]
 
 
 @pytest.mark.parametrize("policy", ["observation_masking", "excerpt_masking"])

@@ -295,19 +295,17 @@ class BudgetSchedule:
         if self.kind in ("record", "turns"):  # the newest record alone is shown: no embedding, no engine request
             return (record if self.kind == "record" else turns_text(record, turns)), NO_EMBEDDING
         if budget.under_kv_pressure and not cfg.kv_pressure_summary:  # no summary request
-            if self.kind == "summary_turns":
-                return turns_text(record, turns), NO_EMBEDDING
-            return record, await self.memory.embed(record, services, request.previous_state)
+            embedding = await self.memory.embed(record, services, request.previous_state)
+            return (record if self.kind == "summary" else turns_text(record, turns)), embedding
         # under KV pressure the conversation is seldom still cached: the text layout
         # prefills less; a budget held to the session's KV share keeps it cached
         scarce = budget.under_kv_pressure and not budget.shared
         resend = None if scarce and cfg.kv_pressure_summary_layout == "text" else list(choice.view.prefix)
-        if self.kind == "summary_turns":  # the newest alone is shown, never recalled: no embedding
-            seen = shown_messages(self.kind, choice.shown)
-            summary = await self.memory.summarize(archived, services, resend, seen)
-            return turns_text(f"{summary}\n\n{record}", turns), NO_EMBEDDING
-        summary, embedding = await self.memory.summarize_and_embed(archived, services, resend, choice.shown)
-        return f"{summary}\n\n{record}", embedding
+        seen = shown_messages(self.kind, choice.shown)  # what the engine saw before the archived blocks
+        summary = await self.memory.summarize(archived, services, resend, seen)
+        embedding = await self.memory.embed(summary, services)  # recalled by its summary
+        text = f"{summary}\n\n{record}"
+        return (text if self.kind == "summary" else turns_text(text, turns)), embedding
 
     def _newest_turns(self, blocks: list[Block], room: int, services: EngineServices) -> list[Block]:
         """The newest of ``blocks`` whose turns, outputs masked, fit ``room`` tokens together."""

@@ -127,7 +127,8 @@ class BudgetConfig(PamerOptions, frozen=True):
     """After a memory with a record, show the newest archived blocks as the
     agent wrote them, their tool outputs masked, within this share of the
     budget (the record's lines stand for those outputs; ``memory.py``,
-    ``turns_text``); a compaction keeps room for them. 0: none."""
+    ``turns_text``); a compaction keeps room for them and the record, so
+    ``record_share + turns_share`` stays under ``target_share``. 0: none."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -151,6 +152,11 @@ class BudgetConfig(PamerOptions, frozen=True):
             raise ValueError("record_share and memory_share must be in (0, 1)")
         if not 0 <= self.turns_share < 1:
             raise ValueError("turns_share must be in [0, 1) (0: no archived turns shown)")
+        if self.turns_share and self.record_share + self.turns_share >= self.target_share:
+            raise ValueError(
+                f"record_share + turns_share ({self.record_share} + {self.turns_share}) must stay under "
+                f"target_share ({self.target_share}): a compaction keeps room for both below its target"
+            )
 
 
 class PaperConfig(PamerOptions, frozen=True):

@@ -90,17 +90,21 @@ def captured_query(
 
 
 def shown_message(memories: Sequence[Memory]) -> Message:
-    """The budget schedule's memory message: the newest memory whole (its
-    record covers every archived step), older ones by their summaries."""
+    """The budget schedule's memory message: the newest memory's text whole
+    (its record covers every archived step), older ones by their summaries."""
     newest = max((m.id for m in memories), default=0)
     return memory_message(
-        [m if m.id == newest else msgspec.structs.replace(m, summary=summary_part(m)) for m in memories]
+        [
+            msgspec.structs.replace(m, summary=stored_turns(m).text if m.id == newest else summary_part(m))
+            for m in memories
+        ]
     )
 
 
 def summary_part(memory: Memory) -> str:
     """A memory's text without its verbatim record (empty for a record alone)."""
-    return "" if memory.summary.startswith(RECORD_HEADER) else memory.summary.split("\n\n" + RECORD_HEADER, 1)[0]
+    text = stored_turns(memory).text
+    return "" if text.startswith(RECORD_HEADER) else text.split("\n\n" + RECORD_HEADER, 1)[0]
 
 
 MemoryKind = Literal["summary", "record", "none", "masked", "excerpts", "turns", "summary_turns"]
@@ -112,7 +116,8 @@ masking in the schedule's large, rare steps), ``excerpts`` (the same, each
 placeholder followed by the lines of that output the record would keep),
 ``turns`` and ``summary_turns`` (``record`` and ``summary`` followed by the
 newest archived blocks with their tool outputs masked: the agent's own turns
-as it wrote them, the old outputs' lines in the record; ``turns_share``)."""
+as it wrote them, the old outputs' lines in the record; ``turns_share``; a
+``summary_turns`` memory is recalled as a ``summary`` one is, by its summary)."""
 
 TURN_KINDS: frozenset[MemoryKind] = frozenset({"turns", "summary_turns"})
 """The kinds whose memory shows archived turns after its text."""
@@ -131,7 +136,7 @@ MASKED_KINDS: frozenset[MemoryKind] = frozenset({"masked", "excerpts"})
 """The kinds whose memory is the archived blocks themselves, outputs masked: a
 history shown newest first within its share, measured in tokens."""
 
-NEWEST_ALONE: frozenset[MemoryKind] = frozenset({"record", "turns", "summary_turns"})
+NEWEST_ALONE: frozenset[MemoryKind] = frozenset({"record", "turns"})
 """The kinds whose newest memory covers every archived step: it alone is shown."""
 
 UNSHOWN_EMBEDDERS: dict[MemoryKind, str] = {
@@ -140,7 +145,6 @@ UNSHOWN_EMBEDDERS: dict[MemoryKind, str] = {
     "excerpts": "masked-excerpts",
     "record": "record-only",
     "turns": "record-turns",
-    "summary_turns": "summary-turns",
 }
 """The embedder names of memories no recall searches (their embedding is
 ``NO_EMBEDDING``: a record alone shows only its newest, so none is ever
@@ -159,10 +163,9 @@ def shown_messages(kind: MemoryKind, memories: Sequence[Memory]) -> list[Message
     if kind in MASKED_KINDS:  # messages, as JSON
         ordered = sorted(memories, key=lambda m: m.id)
         return [message for m in ordered for message in msgspec.json.decode(m.summary)]
-    if kind in TURN_KINDS:  # the newest alone: its text as a memory message, then its turns
+    if kind in TURN_KINDS:  # the memory message (older summaries too, if chosen), then the newest's turns
         newest = max(memories, key=lambda m: m.id)
-        stored = msgspec.json.decode(newest.summary, type=TurnsMemory)
-        return [memory_message([msgspec.structs.replace(newest, summary=stored.text)]), *stored.turns]
+        return [shown_message(memories), *stored_turns(newest).turns]
     return [shown_message(memories)]
 
 
@@ -202,6 +205,21 @@ def turn_messages(turns: Sequence[Block]) -> list[Message]:
 def turns_text(text: str, turns: Sequence[Message]) -> str:
     """A memory with turns (``turn_messages``), to store."""
     return msgspec.json.encode(TurnsMemory(text, list(turns))).decode()
+
+
+_TURNS_DECODER = msgspec.json.Decoder(TurnsMemory)
+
+
+def stored_turns(memory: Memory) -> TurnsMemory:
+    """A memory's text and turns as stored: a memory of another kind (a
+    session's older summaries, written before ``turns_share`` was set) is its
+    text with no turns."""
+    if memory.summary.startswith('{"text":'):
+        try:
+            return _TURNS_DECODER.decode(memory.summary)
+        except msgspec.DecodeError:
+            pass  # a summary that happens to start so: plain text
+    return TurnsMemory(memory.summary, [])
 
 
 async def archived_blocks(store: MemoryStore, session: str, memories: Sequence[Memory]) -> list[Block]:
