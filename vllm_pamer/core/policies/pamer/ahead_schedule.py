@@ -47,7 +47,7 @@ class AheadSchedule(BudgetSchedule):
         if pending is None:
             archived, kept = live[: choice.plan.count], live[choice.plan.count :]
             record_chars = int(choice.plan.record_tokens * chars_per_token(archived, choice.plan))
-            work = self.write_memory(request, context, choice, archived, kept, record_chars)
+            work = self.written.write(request, context, choice, archived, kept, record_chars)
             # tracked before the first await, so the session's next request finds it
             pending = writes.start(session, [b.block_id for b in archived], choice.trigger, work)
             detail = {"blocks": len(archived), "sent_tokens": choice.report.sent_tokens, "trigger": choice.trigger}

@@ -10,32 +10,27 @@ Per request of a session, with C_eff = P + the live blocks:
    offset (what C_eff removes, less E), worked out once per compaction, so no
    request between compactions is counted again;
 3. ``decide`` says whether to compact now (the numbers: ``budget.py``);
-4. ``compact`` archives the oldest live blocks down to the target: a summary
-   of them plus a verbatim record (``record.py``) of every step the session
-   archived so far, so exact values of early steps carry over, stored with
-   the raw blocks in one transaction before they leave the request; then it
+4. ``compact`` archives the oldest live blocks down to the target: a memory
+   (``compaction_memory.py``; PaMER's: a summary of them plus a verbatim
+   record, ``record.py``, of every step the session archived so far, so
+   exact values of early steps carry over), stored with the raw blocks in
+   one transaction before they leave the request; then it
    chooses the memories to show until the next compaction: the new one
    whole, and the summaries of older ones closest to the captured state,
    within the memory budget. Otherwise ``send`` sends P + E + live blocks.
 
 Any failure sends the original request; nothing is removed before it is stored.
-
-Longer than 400 lines: the decision, the compaction transaction and the
-memory written by kind share one session state (token counts, memories
-shown); ``write_memory`` and its rooms are the part to move out next.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 
 import msgspec
-import numpy as np
 from cachetools import LRUCache, TTLCache
 
-from vllm_pamer.core.blocks import Block, Message
+from vllm_pamer.core.blocks import Message
 from vllm_pamer.core.engine import EngineServices
 from vllm_pamer.core.fallback import Fallback
 from vllm_pamer.core.policies.base import (
@@ -62,24 +57,19 @@ from vllm_pamer.core.policies.pamer.budget import (
     kv_share_tokens,
     trigger,
 )
+from vllm_pamer.core.policies.pamer.compaction_memory import CompactionMemory
 from vllm_pamer.core.policies.pamer.config import BudgetConfig
 from vllm_pamer.core.policies.pamer.memory import (
     MASKED_KINDS,
-    TURN_KINDS,
     MemoryKind,
     MemoryWriter,
-    archived_blocks,
     captured_query,
     kind_embedder,
-    masked_text,
     shown_messages,
-    turn_messages,
-    turns_text,
 )
-from vllm_pamer.core.policies.pamer.record import result_excerpts, step_record
 from vllm_pamer.core.policies.pamer.shown import ShownMemories
 from vllm_pamer.core.policies.summary_writer import StepFailure, step_details
-from vllm_pamer.core.store import NO_EMBEDDING, Memory, StoreError
+from vllm_pamer.core.store import Memory, StoreError
 from vllm_pamer.core.view import ContextView, context_view, flatten
 
 
@@ -105,6 +95,7 @@ class BudgetSchedule:
             MAX_TRACKED_SESSIONS, config.kv_share_idle_s, timer=lambda: self.clock()
         )
         self.shown = ShownMemories(kind, config.top_k)
+        self.written = CompactionMemory(config, memory, kind, self._count)
         self._offset: LRUCache[str, Offset] = LRUCache(MAX_TRACKED_SESSIONS)
         self._tokens: LRUCache[str, int] = LRUCache(10 * MAX_TRACKED_SESSIONS)  # by block id / text
 
@@ -232,23 +223,13 @@ class BudgetSchedule:
         block_tokens = [self._count(b.block_id, list(b.messages), services) for b in view.live]
         # The record has its room before any raw block is kept: a line of many
         # archived steps carries more of what comes next than one more old block.
-        record_tokens, masked_tokens = self._rooms(budget)
+        record_tokens, masked_tokens = self.written.rooms(budget)
         summary_tokens = cfg.summary_max_tokens if self.kind in ("summary", "summary_turns") else 0
         least = prefix_tokens + summary_tokens + record_tokens + masked_tokens
         count = archive_count(block_tokens, least, budget.target, cfg.retained_blocks)
         if least + sum(block_tokens[count:]) > budget.target:
             count = archive_count(block_tokens, least, budget.target, 1)
         return Plan(count, prefix_tokens, block_tokens, record_tokens)
-
-    def _rooms(self, budget: Budget) -> tuple[int, int]:
-        """Tokens a new memory has for its record, and for the archived blocks
-        it shows with their outputs masked (a masked history's ``memory_share``,
-        the turns after a record's ``turns_share``)."""
-        cfg = self.config
-        recorded = self.kind in ("summary", "record", "excerpts") or self.kind in TURN_KINDS
-        record = int(cfg.record_share * budget.budget) if recorded else 0
-        share = cfg.memory_share if self.kind in MASKED_KINDS else cfg.turns_share if self.kind in TURN_KINDS else 0.0
-        return record, int(share * budget.budget)
 
     def send(self, request: PolicyRequest, context: PolicyContext, choice: Choice, notes: list[str]) -> PolicyDecision:
         """No compaction: P + the memories shown + the live blocks, append-only."""
@@ -266,57 +247,6 @@ class BudgetSchedule:
             recalled=shown_ids if choice.shown else None,
             schedule=choice.report,
         )
-
-    async def write_memory(
-        self,
-        request: PolicyRequest,
-        context: PolicyContext,
-        choice: Choice,
-        archived: list[Block],
-        kept: list[Block],
-        record_chars: int,
-    ) -> tuple[str, np.ndarray]:
-        """The new memory's text and embedding, by kind (the record, which reads every archived step,
-        off the event loop). Raises StoreError (the archived blocks could not be read) or StepFailure."""
-        cfg, services, budget = self.config, context.services, choice.budget
-        if self.kind == "none":
-            return f"{len(archived)} steps archived by truncation (never shown)", NO_EMBEDDING
-        if self.kind == "masked":
-            return masked_text(archived), NO_EMBEDDING
-        if self.kind == "excerpts":  # the record's choice of lines, placed in the outputs they come from
-            excerpts = await asyncio.to_thread(result_excerpts, archived, kept, record_chars, choice.view.prefix)
-            return masked_text(archived, excerpts), NO_EMBEDDING
-        earlier = await archived_blocks(context.store, request.session_id, choice.searchable)
-        # with turns: the newest archived blocks whole (outputs masked); the record of every step beside them
-        room = self._rooms(budget)[1]
-        turns = turn_messages(self._newest_turns(earlier + archived, room, services)) if self.kind in TURN_KINDS else []
-        known = [*choice.view.prefix, *turns]
-        record = await asyncio.to_thread(step_record, earlier + archived, kept, record_chars, known=known)
-        if self.kind in ("record", "turns"):  # the newest record alone is shown: no embedding, no engine request
-            return (record if self.kind == "record" else turns_text(record, turns)), NO_EMBEDDING
-        if budget.under_kv_pressure and not cfg.kv_pressure_summary:  # no summary request
-            embedding = await self.memory.embed(record, services, request.previous_state)
-            return (record if self.kind == "summary" else turns_text(record, turns)), embedding
-        # under KV pressure the conversation is seldom still cached: the text layout
-        # prefills less; a budget held to the session's KV share keeps it cached
-        scarce = budget.under_kv_pressure and not budget.shared
-        resend = None if scarce and cfg.kv_pressure_summary_layout == "text" else list(choice.view.prefix)
-        seen = shown_messages(self.kind, choice.shown)  # what the engine saw before the archived blocks
-        summary = await self.memory.summarize(archived, services, resend, seen)
-        embedding = await self.memory.embed(summary, services)  # recalled by its summary
-        text = f"{summary}\n\n{record}"
-        return (text if self.kind == "summary" else turns_text(text, turns)), embedding
-
-    def _newest_turns(self, blocks: list[Block], room: int, services: EngineServices) -> list[Block]:
-        """The newest of ``blocks`` whose turns, outputs masked, fit ``room`` tokens together."""
-        chosen: list[Block] = []
-        used = 0
-        for block in reversed(blocks):
-            used += self._count("masked-block:" + block.block_id, turn_messages([block]), services)
-            if used > room:
-                break
-            chosen.insert(0, block)
-        return chosen
 
     async def compact(
         self,
@@ -354,7 +284,7 @@ class BudgetSchedule:
                 text, embedding = await ahead.task
             else:
                 record_chars = int(plan.record_tokens * ratio)
-                text, embedding = await self.write_memory(request, context, choice, archived, kept, record_chars)
+                text, embedding = await self.written.write(request, context, choice, archived, kept, record_chars)
         except (StoreError, StepFailure) as exc:
             rule, error = (
                 (exc.rule, exc.detail) if isinstance(exc, StepFailure) else (Fallback.STORAGE_FAILURE, str(exc))
