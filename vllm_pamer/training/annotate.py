@@ -265,6 +265,37 @@ def old_only(where: list[int], ctx: DecisionContext, until: int, observed: Seque
     )
 
 
+class TrajectoryFacts(msgspec.Struct, frozen=True):
+    """What every annotator reads of one trajectory, worked out once
+    (``read_trajectory``): its decision points, where each value occurs, which
+    messages are observations, and each action's values."""
+
+    messages: list[Message]
+    contexts: list[DecisionContext]
+    where: Occurrences
+    observed: list[bool]
+    """Message i is not the agent's (a tool result, a user or system message)."""
+    values: dict[int, list[str]]
+    """The salient values of the action at each decision point's message index."""
+
+
+def read_trajectory(
+    trajectory: Mapping[str, Any],
+    count_tokens: CountTokens,
+    settings: AnnotatorSettings,
+    token_cache: dict[str, int] | None = None,
+) -> TrajectoryFacts:
+    messages = list(trajectory["messages"])
+    contexts = decision_contexts(trajectory, count_tokens, settings, token_cache)
+    return TrajectoryFacts(
+        messages=messages,
+        contexts=contexts,
+        where=Occurrences([message_text(m) for m in messages]),
+        observed=[m.get("role") != "assistant" for m in messages],
+        values={ctx.message_index: sorted(action_values(messages[ctx.message_index])) for ctx in contexts},
+    )
+
+
 def annotate_trajectory(
     trajectory: Mapping[str, Any],
     count_tokens: CountTokens,
@@ -291,11 +322,15 @@ def annotate_trajectory(
       evidence at t for a (``compression_values``); else 1.
     """
     settings = AnnotatorSettings(n_recent=n_recent, horizon=horizon, min_old_tokens=min_old_tokens)
-    messages = list(trajectory["messages"])
-    contexts = decision_contexts(trajectory, count_tokens, settings, token_cache)
-    where = Occurrences([message_text(m) for m in messages])
-    observed = [m.get("role") != "assistant" for m in messages]
-    values = {ctx.message_index: sorted(action_values(messages[ctx.message_index])) for ctx in contexts}
+    return reference_points(trajectory, read_trajectory(trajectory, count_tokens, settings, token_cache), settings)
+
+
+def reference_points(
+    trajectory: Mapping[str, Any], facts: TrajectoryFacts, settings: AnnotatorSettings
+) -> list[DecisionPoint]:
+    """``annotate_trajectory``'s labels from facts already read."""
+    contexts, where, observed, values = facts.contexts, facts.where, facts.observed, facts.values
+    horizon, min_old_tokens = settings.horizon, settings.min_old_tokens
     trajectory_id = str(trajectory.get("id", ""))
     source = str(trajectory.get("source", ""))
 

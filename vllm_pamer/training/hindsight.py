@@ -35,17 +35,15 @@ from vllm_pamer.core.blocks import split_conversation
 from vllm_pamer.core.policies.pamer.budget import archive_count
 from vllm_pamer.core.policies.pamer.config import BudgetConfig
 from vllm_pamer.replay.variants import TIGHT_BUDGET
-from vllm_pamer.salient import action_values, message_text
 from vllm_pamer.training.annotate import (
     AnnotatorSettings,
     CountTokens,
     DecisionContext,
     DecisionPoint,
-    Occurrences,
-    annotate_trajectory,
     block_layout,
-    decision_contexts,
     old_only,
+    read_trajectory,
+    reference_points,
     register_annotator,
 )
 
@@ -80,17 +78,12 @@ class HindsightAnnotator:
 
     def annotate(self, trajectory: Mapping[str, Any]) -> list[DecisionPoint]:
         s = self.settings
-        reference = annotate_trajectory(
-            trajectory, self.count_tokens, s.n_recent, s.horizon, s.min_old_tokens, token_cache=self.token_cache
-        )
-        messages = list(trajectory["messages"])
+        facts = read_trajectory(trajectory, self.count_tokens, s, self.token_cache)
+        reference = reference_points(trajectory, facts, s)
+        messages, contexts, values = facts.messages, facts.contexts, facts.values
         conversation = split_conversation(messages)
         fixed = self.count_tokens(list(conversation.prefix)) + self.record_tokens
         starts, tokens = block_layout(conversation, self.count_tokens, self.token_cache)
-        contexts = decision_contexts(trajectory, self.count_tokens, s, self.token_cache)
-        where = Occurrences([message_text(m) for m in messages])
-        observed = [m.get("role") != "assistant" for m in messages]
-        values = {c.message_index: sorted(action_values(messages[c.message_index])) for c in contexts}
 
         def lost(j: int, actions: Sequence[DecisionContext]) -> set[str]:
             """What a compaction at point j loses for ``actions``."""
@@ -103,7 +96,7 @@ class HindsightAnnotator:
                 v
                 for a in actions
                 for v in values[a.message_index]
-                if old_only(where(v), archived, a.message_index, observed)
+                if old_only(facts.where(v), archived, a.message_index, facts.observed)
             }
 
         out = []
