@@ -38,12 +38,15 @@ class Session:
         return await rewrite_request(self.policy, request)
 
 
+ENDS = ("compressed", "compression_abandoned", "summary_failure", "storage_failure", "policy_error")
+
+
 def _ends(events):
     """Every compression_started is followed by its end (compressed, abandoned or a failure)."""
     started = ends = 0
     for event in events:
         started += event["kind"] == "compression_started"
-        ends += event["kind"] in ("compressed", "compression_abandoned", "summary_failure", "storage_failure")
+        ends += event["kind"] in ENDS
     return started, ends
 
 
@@ -178,3 +181,28 @@ def test_a_session_dropped_from_the_tracked_ones_has_its_memory_cancelled():
 
     first, tracked = asyncio.run(scenario())
     assert first.task.cancelled() and tracked is None
+
+
+def test_an_unforeseen_error_in_a_compaction_ends_it_with_an_event_and_sends_the_original(store, monkeypatch):
+    """Written ahead or inline, a compaction that fails with an error no rule
+    names logs ``policy_error`` after its ``compression_started``, and the
+    pipeline sends the request whole."""
+    from vllm_pamer.core.policies.pamer.compaction_memory import CompactionMemory
+
+    async def broken(*args, **kwargs):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(CompactionMemory, "write", broken)
+    for write_ahead, session in ((False, "inline"), (True, "ahead")):
+
+        async def scenario():
+            agent = Session(store, FakeEngine(window=8192), write_ahead=write_ahead, session=session)
+            outcomes = [await agent.send(conversation(n)) for n in (9, 10, 11, 30)]  # the last: past the window
+            return outcomes, await store.events(session)
+
+        outcomes, events = asyncio.run(scenario())
+        assert all(o.action != "compressed" for o in outcomes)
+        assert outcomes[-1].messages == conversation(30)  # the original, whole
+        assert any(o.fallback_rule is not None and o.fallback_rule.value == "policy_error" for o in outcomes)
+        started, ends = _ends(events)
+        assert started >= 1 and started == ends, [e["kind"] for e in events]

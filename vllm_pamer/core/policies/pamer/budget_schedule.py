@@ -258,6 +258,26 @@ class BudgetSchedule:
         notes: list[str],
         ahead: Ahead | None = None,
     ) -> PolicyDecision:
+        """``_compact``; an error it did not foresee ends the compaction with
+        an event too (every ``compression_started`` has its end), then goes
+        to the pipeline, which sends the original request."""
+        try:
+            return await self._compact(request, context, choice, plan, why, notes, ahead)
+        except Exception as exc:
+            error = {"error": f"{type(exc).__name__}: {exc}"}
+            await context.store.log_event(request.session_id, Fallback.POLICY_ERROR.value, error)
+            raise
+
+    async def _compact(
+        self,
+        request: PolicyRequest,
+        context: PolicyContext,
+        choice: Choice,
+        plan: Plan,
+        why: Trigger,
+        notes: list[str],
+        ahead: Ahead | None = None,
+    ) -> PolicyDecision:
         """The compaction transaction: write the memory (or take the one
         written ahead), store it with the raw blocks, and only then send P +
         the memories chosen + the kept blocks."""
@@ -293,7 +313,7 @@ class BudgetSchedule:
             if ahead is not None:  # written in the background: unless the window needs one, no compaction now
                 notes = [*notes, f"memory written ahead: {error}"]
                 if choice.trigger == "window" and choice.plan is not None:
-                    return await self.compact(request, context, choice, choice.plan, "window", notes)
+                    return await self._compact(request, context, choice, choice.plan, "window", notes)
                 return self.send(request, context, choice, notes)
             return PolicyDecision.fallback(original, rule, error, schedule=report)
         # the memories shown after the compaction, and the request, before anything is stored
@@ -316,7 +336,7 @@ class BudgetSchedule:
             # the conversation outgrew the memory written ahead: one compaction that fits now
             await store.log_event(session, "compression_abandoned", {"blocks": len(archived), "reason": "window"})
             full = self.plan(view, budget, services)
-            return await self.compact(request, context, choice, full, "window", notes)
+            return await self._compact(request, context, choice, full, "window", notes)
         if reduced_tokens >= report.sent_tokens:
             await store.log_event(session, "compression_abandoned", {"blocks": len(archived), "reason": "no shrink"})
             return self.send(request, context, choice, [*notes, "compaction would not shrink the request"])

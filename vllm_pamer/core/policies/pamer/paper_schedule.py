@@ -192,9 +192,13 @@ class PaperSchedule:
             except StepFailure as failure:
                 await store.log_event(session, failure.rule.value, {"error": failure.detail})
                 return PolicyDecision.fallback(original, failure.rule, failure.detail), old + recent
+            except Exception as exc:  # no rule names it: the start still has its end (the pipeline falls back)
+                await store.log_event(session, Fallback.POLICY_ERROR.value, {"error": f"{type(exc).__name__}: {exc}"})
+                raise
         summary, embedding = result
         reduced = list(view.prefix) + flatten(kept_old) + flatten(recent)
         if services.count_tokens(reduced) >= services.count_tokens(original):
+            await store.log_event(session, "compression_abandoned", {"blocks": len(archived), "reason": "no shrink"})
             return PolicyDecision(original, "none", "compression would not shrink the request"), old + recent
         try:
             memory_id = await store.commit_memory(

@@ -75,7 +75,7 @@ class ShownMemories:
                     break
                 chosen.append(memory)
             return sorted(chosen, key=lambda m: m.id)
-        used = len(newest.summary)
+        used = len(newest.summary)  # as stored: with its turns, which take room as its text does
         for memory in rest:
             if len(chosen) == self.top_k:
                 break
