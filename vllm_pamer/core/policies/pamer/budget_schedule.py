@@ -24,8 +24,10 @@ Any failure sends the original request; nothing is removed before it is stored.
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import msgspec
 from cachetools import LRUCache, TTLCache
@@ -71,6 +73,27 @@ from vllm_pamer.core.policies.pamer.shown import ShownMemories
 from vllm_pamer.core.policies.summary_writer import StepFailure, step_details
 from vllm_pamer.core.store import Memory, StoreError
 from vllm_pamer.core.view import ContextView, context_view, flatten
+
+_Compact = Callable[..., Awaitable[PolicyDecision]]
+
+
+def _ends_with_an_event(compact: _Compact) -> _Compact:
+    """An error of ``compact`` that no fallback rule names still ends the
+    compaction with an event (every ``compression_started`` has its end),
+    then goes on to the pipeline, which sends the original request."""
+
+    @functools.wraps(compact)
+    async def guarded(
+        schedule: BudgetSchedule, request: PolicyRequest, context: PolicyContext, *args: Any, **kwargs: Any
+    ) -> PolicyDecision:
+        try:
+            return await compact(schedule, request, context, *args, **kwargs)
+        except Exception as exc:
+            error = {"error": f"{type(exc).__name__}: {exc}"}
+            await context.store.log_event(request.session_id, Fallback.POLICY_ERROR.value, error)
+            raise
+
+    return guarded
 
 
 class BudgetSchedule:
@@ -248,27 +271,8 @@ class BudgetSchedule:
             schedule=choice.report,
         )
 
+    @_ends_with_an_event
     async def compact(
-        self,
-        request: PolicyRequest,
-        context: PolicyContext,
-        choice: Choice,
-        plan: Plan,
-        why: Trigger,
-        notes: list[str],
-        ahead: Ahead | None = None,
-    ) -> PolicyDecision:
-        """``_compact``; an error it did not foresee ends the compaction with
-        an event too (every ``compression_started`` has its end), then goes
-        to the pipeline, which sends the original request."""
-        try:
-            return await self._compact(request, context, choice, plan, why, notes, ahead)
-        except Exception as exc:
-            error = {"error": f"{type(exc).__name__}: {exc}"}
-            await context.store.log_event(request.session_id, Fallback.POLICY_ERROR.value, error)
-            raise
-
-    async def _compact(
         self,
         request: PolicyRequest,
         context: PolicyContext,
@@ -313,7 +317,7 @@ class BudgetSchedule:
             if ahead is not None:  # written in the background: unless the window needs one, no compaction now
                 notes = [*notes, f"memory written ahead: {error}"]
                 if choice.trigger == "window" and choice.plan is not None:
-                    return await self._compact(request, context, choice, choice.plan, "window", notes)
+                    return await self.compact(request, context, choice, choice.plan, "window", notes)
                 return self.send(request, context, choice, notes)
             return PolicyDecision.fallback(original, rule, error, schedule=report)
         # the memories shown after the compaction, and the request, before anything is stored
@@ -336,7 +340,7 @@ class BudgetSchedule:
             # the conversation outgrew the memory written ahead: one compaction that fits now
             await store.log_event(session, "compression_abandoned", {"blocks": len(archived), "reason": "window"})
             full = self.plan(view, budget, services)
-            return await self._compact(request, context, choice, full, "window", notes)
+            return await self.compact(request, context, choice, full, "window", notes)
         if reduced_tokens >= report.sent_tokens:
             await store.log_event(session, "compression_abandoned", {"blocks": len(archived), "reason": "no shrink"})
             return self.send(request, context, choice, [*notes, "compaction would not shrink the request"])
