@@ -38,7 +38,14 @@ class Session:
         return await rewrite_request(self.policy, request)
 
 
-ENDS = ("compressed", "compression_abandoned", "summary_failure", "storage_failure", "policy_error")
+ENDS = (
+    "compressed",
+    "compression_abandoned",
+    "summary_failure",
+    "embedding_failure",
+    "storage_failure",
+    "policy_error",
+)
 
 
 def _ends(events):
@@ -206,3 +213,35 @@ def test_an_unforeseen_error_in_a_compaction_ends_it_with_an_event_and_sends_the
         assert any(o.fallback_rule is not None and o.fallback_rule.value == "policy_error" for o in outcomes)
         started, ends = _ends(events)
         assert started >= 1 and started == ends, [e["kind"] for e in events]
+
+
+def test_a_failed_memory_written_ahead_then_a_failed_inline_one_end_once_each(store, monkeypatch):
+    """The window forces an inline compaction after the memory written ahead
+    failed; that one fails too, with an error no rule names: each start has
+    exactly one end (the inline one's not logged again by the outer call)."""
+    from vllm_pamer.core.fallback import Fallback
+    from vllm_pamer.core.policies.pamer.compaction_memory import CompactionMemory
+    from vllm_pamer.core.policies.summary_writer import StepFailure
+
+    calls = []
+
+    async def failing(*args, **kwargs):
+        calls.append(len(calls))
+        if len(calls) == 1:
+            raise StepFailure(Fallback.SUMMARY_FAILURE, "the engine refused")
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(CompactionMemory, "write", failing)
+
+    async def scenario():
+        agent = Session(store, FakeEngine(window=8192))
+        await agent.send(conversation(9))  # the band's top: written ahead (and fails)
+        await asyncio.sleep(0.05)
+        last = await agent.send(conversation(36))  # past the window: waits, then compacts inline
+        return last, await store.events("s1")
+
+    last, events = asyncio.run(scenario())
+    kinds = [e["kind"] for e in events]
+    assert len(calls) == 2 and last.messages == conversation(36), kinds
+    assert kinds.count("compression_started") == 2 and _ends(events) == (2, 2), kinds
+    assert kinds.count("policy_error") == 1

@@ -194,8 +194,9 @@ def test_with_turns_share_the_record_is_followed_by_the_newest_archived_turns_ma
 def test_pamer_with_turns_recalls_older_summaries_beside_the_newest_turns(store):
     """PaMER with ``turns_share``: one memory message (older memories by
     their summaries, the newest whole), then the newest memory's turns; the
-    older memories' turns are not shown again."""
-    out, _ = replay(store, "pamer", range(2, 60), record_share=0.1, turns_share=0.1, memory_share=0.5)
+    older memories' turns are not shown again. The turns have their own room
+    beside ``memory_share``, so older summaries fit at its default."""
+    out, _ = replay(store, "pamer", range(2, 60), record_share=0.1, turns_share=0.1)  # memory_share as default
     last = out[-1][1]
     assert last.recalled is not None and len(last.recalled) >= 2, last.recalled
     sent = last.messages
@@ -282,3 +283,21 @@ def test_the_record_beside_turns_may_keep_lines_of_the_outputs_they_mask():
     record = step_record([turn], [], 2000, known=[*prefix, *turn_messages([turn])])
     assert "session_store.py:88: TOKEN_TTL = 3600" in record
     assert "called bash" not in record
+
+
+def test_a_stored_memory_reads_as_text_and_turns_whatever_its_kind():
+    import numpy as np
+
+    from vllm_pamer.core.policies.pamer.memory import stored_turns, turns_text
+    from vllm_pamer.core.store import Memory
+
+    def memory(text):
+        return Memory(1, "s1", text, np.zeros(2, dtype=np.float32), "e", (), (), 0.0)
+
+    turn = {"role": "assistant", "content": "ls"}
+    assert (
+        stored_turns(memory(turns_text("SUMMARY", [turn]))).text,
+        stored_turns(memory(turns_text("S", [turn]))).turns,
+    ) == ("SUMMARY", [turn])
+    for plain in ('{"text": "a summary that opens like JSON"} and goes on', '{"text": 3}', "plain"):
+        assert stored_turns(memory(plain)).text == plain and stored_turns(memory(plain)).turns == []

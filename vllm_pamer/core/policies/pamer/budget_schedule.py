@@ -63,6 +63,7 @@ from vllm_pamer.core.policies.pamer.compaction_memory import CompactionMemory
 from vllm_pamer.core.policies.pamer.config import BudgetConfig
 from vllm_pamer.core.policies.pamer.memory import (
     MASKED_KINDS,
+    TURN_KINDS,
     MemoryKind,
     MemoryWriter,
     captured_query,
@@ -75,6 +76,8 @@ from vllm_pamer.core.store import Memory, StoreError
 from vllm_pamer.core.view import ContextView, context_view, flatten
 
 _Compact = Callable[..., Awaitable[PolicyDecision]]
+_ENDED = "_pamer_compaction_ended"
+"""Set on an error once its compaction's end event is logged."""
 
 
 def _ends_with_an_event(compact: _Compact) -> _Compact:
@@ -89,8 +92,10 @@ def _ends_with_an_event(compact: _Compact) -> _Compact:
         try:
             return await compact(schedule, request, context, *args, **kwargs)
         except Exception as exc:
-            error = {"error": f"{type(exc).__name__}: {exc}"}
-            await context.store.log_event(request.session_id, Fallback.POLICY_ERROR.value, error)
+            if not getattr(exc, _ENDED, False):  # a window re-compaction inside it already said so
+                setattr(exc, _ENDED, True)
+                error = {"error": f"{type(exc).__name__}: {exc}"}
+                await context.store.log_event(request.session_id, Fallback.POLICY_ERROR.value, error)
             raise
 
     return guarded
@@ -148,9 +153,12 @@ class BudgetSchedule:
 
     def _history_share(self) -> float:
         """The share of the budget the memories shown take: ``memory_share``,
-        and the excerpts' ``record_share`` beside it (they have their own room in ``plan``)."""
+        and beside it the excerpts' ``record_share`` or the newest memory's
+        ``turns_share`` (they have their own room in ``plan``)."""
         cfg = self.config
-        return cfg.memory_share + (cfg.record_share if self.kind == "excerpts" else 0.0)
+        if self.kind == "excerpts":
+            return cfg.memory_share + cfg.record_share
+        return cfg.memory_share + (cfg.turns_share if self.kind in TURN_KINDS else 0.0)
 
     def _count(self, key: str, messages: list[Message], services: EngineServices) -> int:
         if key not in self._tokens:
@@ -359,6 +367,8 @@ class BudgetSchedule:
         if request.prompt_tokens is not None:
             covered = view.covered + len(archived)
             self._offset[session] = Offset(covered, shown_ids, request.prompt_tokens - reduced_tokens)
+        # counted before the end event, so that nothing fails after it
+        inserted_tokens = services.count_tokens(inserted) if inserted else 0
         await store.log_event(
             session,
             "compressed",
@@ -377,7 +387,6 @@ class BudgetSchedule:
         done = msgspec.structs.replace(
             report, trigger=why, cache_break_tokens=cache_break, memory_seconds=seconds, memory_ahead=ready
         )
-        inserted_tokens = services.count_tokens(inserted) if inserted else 0
         return PolicyDecision(
             reduced, "compressed", "; ".join(notes), inserted_tokens, recalled=shown_ids, schedule=done
         )

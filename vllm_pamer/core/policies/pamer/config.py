@@ -155,7 +155,8 @@ class BudgetConfig(PamerOptions, frozen=True):
         if self.turns_share and self.record_share + self.turns_share >= self.target_share:
             raise ValueError(
                 f"record_share + turns_share ({self.record_share} + {self.turns_share}) must stay under "
-                f"target_share ({self.target_share}): a compaction keeps room for both below its target"
+                f"target_share ({self.target_share}): a compaction keeps room for both, the prefix and the "
+                "summary below its target"
             )
 
 
