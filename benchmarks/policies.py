@@ -37,6 +37,7 @@ from pathlib import Path
 
 from benchmarks._repo import DATA, ROOT, git_commit
 from vllm_pamer.default_model import ensure_default_model, shipped_heads
+from vllm_pamer.replay.cli import add_stream_option, stream_refusal
 from vllm_pamer.replay.client import ReplaySettings, TrajectoryPlan, parse_budgets, plan_replay
 from vllm_pamer.replay.own_server import start_server
 from vllm_pamer.replay.run_report import write_finished_report
@@ -64,6 +65,7 @@ RUN_OPTIONS = (
     "context_budget",
     "likelihood",
     "tool_seconds",
+    "stream",
 )
 """What a resumed run must repeat (settings.json)."""
 
@@ -141,6 +143,7 @@ def main() -> None:
         metavar="S",
         help="seconds a session waits between an answer and its next request (its tools running; default 0)",
     )
+    add_stream_option(parser)
     parser.add_argument("--group-size", type=int, default=4, help="trajectories per group (default %(default)s)")
     parser.add_argument("--swe-group-size", type=int, default=None, help="for mini-swe (default: --group-size)")
     parser.add_argument("--concurrency", type=int, default=2)
@@ -186,6 +189,8 @@ def main() -> None:
     )
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "policies"))
     args = parser.parse_args()
+    if refused := stream_refusal(args.stream, args.likelihood, args.policies.split(",")):
+        parser.error(refused)
 
     ensure_default_model(quiet=True)
     heads = args.heads or shipped_heads()
@@ -212,6 +217,7 @@ def main() -> None:
         context_budget=budgets,
         likelihood=args.likelihood,
         tool_s=args.tool_seconds or 0.0,
+        stream=bool(args.stream),
     )
     rerun = [p for p in args.rerun.split(",") if p]
     commits = sit(run, replay, own_server, args.stop_after_min, rerun, args.report_only)

@@ -75,3 +75,26 @@ def test_recent_k_never_sends_more_than_none(replayed):
     assert all(recent[s] <= none[s] for s in none)
     assert any(recent[s] < none[s] for s in none)  # later steps drop old blocks
     assert rows["recent_k"]["mean_peak_context"] < rows["none"]["mean_peak_context"]
+
+
+def test_a_streamed_replay_reads_answers_and_times_the_first_token(replayed, compress_server, tmp_path):
+    """``--stream``: the same prompts as the plain replay, each answer folded
+    back from its chunks (text or a call, its usage, the plugin's report),
+    and the first token before the whole answer."""
+    _, _, plain = replayed
+    data = tmp_path / "one.jsonl"
+    trajectory = {t["id"]: t for t in load_trajectories(kind="tau")}[TRAJECTORY]
+    data.write_text(json.dumps(trajectory) + "\n")
+    out = tmp_path / "streamed"
+    argv = ["--url", compress_server.base_url, "--data", str(data), "--policies", "recent_k", "--max-tokens", "16"]
+    replay_main([*argv, "--stream", "--out", str(out), "--no-progress"])
+    streamed = read_records(out / "records.jsonl")
+    expected = {r.step: r for r in plain if r.policy == "recent_k"}
+    assert len(streamed) == len(expected) == 7
+    for r in streamed:
+        assert r.status == "ok" and r.pamer["captured"] is True and r.pamer["policy"] == "recent_k"
+        assert r.usage_prompt_tokens == expected[r.step].usage_prompt_tokens
+        assert (r.chars_sent, r.readable) == (expected[r.step].chars_sent, expected[r.step].readable)  # echo kept
+        assert 0 < r.usage_completion_tokens <= 16 and (r.action_text or r.action_tool)
+        assert r.ttft_s is not None and 0 < r.ttft_s <= r.latency_s
+    assert "ttft p95 s" in (out / "report.md").read_text()

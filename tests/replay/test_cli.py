@@ -21,6 +21,9 @@ from vllm_pamer.trajectories import load_trajectories
         (["--against", "elsewhere"], "need --group-size"),
         (["--heads", "h.safetensors", "--group-size", "2"], "need --serve"),
         (["--kv-cache-blocks", "400"], "need --serve"),
+        (["--stream", "--likelihood"], "the likelihood pass reads a plain answer"),
+        (["--stream", "--policies", "none,sam"], "a streamed SAM is another policy"),
+        (["--stream", "--api", "responses"], "--stream reads chat completions"),
     ],
 )
 def test_options_of_a_resumable_run_or_of_its_own_server_need_theirs(argv, needs, tmp_path, capsys):

@@ -49,8 +49,10 @@ class FakeServer:
         self.seen.append((request.headers["x-session-id"], len(messages)))
         await asyncio.sleep(0.001)  # let other sessions interleave
         if len(messages) > WINDOW_MESSAGES:
-            error = "The decoder prompt (length 9000) is longer than the maximum model length of 8192."
-            return httpx.Response(400, json={"error": {"message": error, "type": "BadRequestError", "code": 400}})
+            error = {"message": "The decoder prompt (length 9000) is longer than the maximum model length of 8192."}
+            if body.get("stream"):  # the error after the first byte, as a last chunk
+                return httpx.Response(200, text=f"data: {json.dumps({'error': error})}\n\ndata: [DONE]\n\n")
+            return httpx.Response(400, json={"error": {**error, "type": "BadRequestError", "code": 400}})
         sent = recent_k_context(messages, 1) if policy == "recent_k" else messages
         tokens_in, tokens_out = context_chars(messages) // 4, context_chars(sent) // 4
         self.prompt_tokens += tokens_out
@@ -64,13 +66,27 @@ class FakeServer:
         call = {"name": "bash", "arguments": json.dumps({"command": "cat pkg/alpha_module.py"})}
         message = {"role": "assistant", "content": f"<tool_call>{json.dumps(call)}</tool_call>"}
         usage = {"prompt_tokens": tokens_out, "completion_tokens": 8}
+        if body.get("stream"):  # the text in two deltas, then the usage, the report and [DONE]
+            assert body["stream_options"] == {"include_usage": True}
+            text = message["content"]
+            chunks = [{"choices": [{"delta": {"role": "assistant", "content": ""}}]}]
+            chunks += [{"choices": [{"delta": {"content": part}}]} for part in (text[:5], text[5:])]
+            chunks += [{"choices": [], "usage": usage}, {"choices": [], "pamer": pamer}]
+            lines = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks)
+            return httpx.Response(200, text=lines + "data: [DONE]\n\n")
         return httpx.Response(200, json={"choices": [{"message": message}], "usage": usage, "pamer": pamer})
 
 
-def run(policy: str, trajectories, concurrency: int = 1, tool_s: float = 0.0):
+def run(policy: str, trajectories, concurrency: int = 1, tool_s: float = 0.0, stream: bool = False):
     server = FakeServer()
     settings = ReplaySettings(
-        url="http://fake", max_tokens=8, concurrency=concurrency, kv_interval_s=0.01, progress=False, tool_s=tool_s
+        url="http://fake",
+        max_tokens=8,
+        concurrency=concurrency,
+        kv_interval_s=0.01,
+        progress=False,
+        tool_s=tool_s,
+        stream=stream,
     )
 
     async def go():
@@ -166,3 +182,16 @@ def test_a_context_budget_per_kind_rides_on_every_request_of_that_kind():
     for bad in ("tau=0", "web=10", "swe:4096", "swe=x"):
         with pytest.raises(ValueError, match="KIND=TOKENS"):
             parse_budgets(bad)
+
+
+def test_a_streamed_replay_records_what_a_plain_one_does_and_the_first_token():
+    """The answer folded back from its chunks reads as the plain answer; a
+    stream that ends in a context-length error is beyond the window."""
+    _, plain, _ = run("recent_k", [SWE])
+    _, streamed, _ = run("recent_k", [SWE], stream=True)
+    fields = ("status", "action_tool", "action_values", "available", "chars_sent", "usage_prompt_tokens", "readable")
+    for a, b in zip(plain, streamed, strict=True):
+        assert [getattr(a, f) for f in fields] == [getattr(b, f) for f in fields]
+    assert all(r.ttft_s is not None and r.ttft_s <= r.latency_s for r in streamed[:3])
+    assert plain[0].ttft_s is None and streamed[3].ttft_s is None
+    assert streamed[3].status == "beyond_window" and "maximum model length" in streamed[3].error

@@ -43,3 +43,13 @@ def test_a_memory_written_ahead_is_no_wait():
     assert (cells["pamer"]["waited"], cells["pamer"]["waited s"]) == ("2", "25.0")
     assert (cells["pamer_ahead"]["waited"], cells["pamer_ahead"]["waited s"]) == ("0", "-")
     assert (cells["sam"]["waited"], cells["sam"]["waited s"]) == ("1", "-")
+
+
+def test_first_token_columns_only_where_the_replay_streamed():
+    assert "ttft" not in latency_table([rec("pamer", 0, 1.0)])
+    records = [rec("pamer", i, 2.0) for i in range(3)] + [rec("recent_k", 0, 1.0)]
+    for i, r in enumerate(records[:3]):
+        r.ttft_s = 0.5 * (i + 1)
+    cells = table(latency_table(records))
+    assert (cells["pamer"]["ttft p50 s"], cells["pamer"]["ttft max s"]) == ("1.00", "1.50")
+    assert cells["recent_k"]["ttft p50 s"] == "-"  # none of its answers streamed a token

@@ -41,6 +41,7 @@ RUN_OPTIONS = (
     "context_budget",
     "likelihood",
     "tool_seconds",
+    "stream",
     "limit_trajectories",
     "max_steps",
     "group_size",
@@ -66,6 +67,26 @@ def _load(paths: Sequence[str] | None, limit: int | None, split: Split | None = 
     )
     sets = [in_split(trajectories, split) for trajectories in sets]
     return [t for trajectories in sets for t in (trajectories[:limit] if limit is not None else trajectories)]
+
+
+def add_stream_option(parser: argparse.ArgumentParser) -> None:
+    """``--stream``, for the replay and the policies benchmark alike."""
+    parser.add_argument(
+        "--stream",
+        action="store_true",
+        default=None,  # absent from a run's settings.json when not given: runs before it resume
+        help="stream each answer and report its time to first token (chat completions; not with --likelihood, nor "
+        "with SAM, whose memory tool is offered on plain requests only)",
+    )
+
+
+def stream_refusal(stream: bool | None, likelihood: bool, policies: Sequence[str]) -> str | None:
+    """Why ``--stream`` cannot run with these options (None: it can)."""
+    if stream and likelihood:
+        return "--stream and --likelihood: the likelihood pass reads a plain answer"
+    if stream and any(p.startswith("sam") for p in policies):
+        return "--stream: SAM offers its memory tool on plain requests only, so a streamed SAM is another policy"
+    return None
 
 
 def _csv(text: str) -> list[str]:
@@ -131,6 +152,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="S",
         help="seconds a session waits between an answer and its next request (its tools running; default 0)",
     )
+    add_stream_option(parser)
     parser.add_argument(
         "--api",
         choices=("chat", "responses"),
@@ -195,6 +217,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--heads, --kv-cache-gib and --kv-cache-blocks need --serve")
     if args.likelihood and args.api != "chat":
         parser.error("--likelihood scores through chat completions: replay with --api chat")
+    if args.stream and args.api != "chat":
+        parser.error("--stream reads chat completions' chunks: replay with --api chat")
+    if refused := stream_refusal(args.stream, args.likelihood, _csv(args.policies)):
+        parser.error(refused)
 
     from tqdm import tqdm
 
@@ -229,6 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         context_budget=budgets,
         likelihood=args.likelihood,
         tool_s=args.tool_seconds or 0.0,
+        stream=bool(args.stream),
         api=args.api,
     )
     plans = plan_replay(tqdm(trajectories, desc="evidence", unit="traj", disable=args.no_progress), args.max_steps)

@@ -121,6 +121,10 @@ class ReplaySettings:
     tool_s: float = 0.0
     """Seconds a session waits between an answer and its next request (the
     agent's tools running), in which a memory written ahead can be written."""
+    stream: bool = False
+    """Stream each answer (chat completions) and record its time to first
+    token (``StepRecord.ttft_s``): the time the agent waits before anything
+    comes back, a compaction's wait included."""
     likelihood: bool = False
     """After a policy's run (its metrics already read), score each answered
     request's recorded next action given what the policy sent
@@ -200,6 +204,28 @@ def _error_message(response: httpx.Response) -> str:
         return response.text[:2000]
 
 
+async def _streamed(
+    client: httpx.AsyncClient,
+    url: str,
+    body: dict[str, Any],
+    headers: dict[str, str],
+    timeout_s: float,
+    started: float,
+    record: StepRecord,
+) -> tuple[httpx.Response, dict[str, Any]]:
+    """A streamed chat request: the response (its body read) and the answer
+    folded back into a plain body; the first token's time goes to ``record``."""
+    answer = wire.StreamedChat()
+    async with client.stream("POST", url, json=wire.streamed(body), headers=headers, timeout=timeout_s) as response:
+        if response.status_code != 200:
+            await response.aread()
+            return response, {}
+        async for line in response.aiter_lines():
+            if answer.add(line):
+                record.ttft_s = time.perf_counter() - started
+    return response, answer.body()
+
+
 async def send_step(
     client: httpx.AsyncClient,
     settings: ReplaySettings,
@@ -233,14 +259,19 @@ async def send_step(
         needs=len(step.needs),
         chars_original=step.chars_original,
     )
+    url = settings.url.rstrip("/") + wire.ROUTES[settings.api]
     started = time.perf_counter()
     try:
-        response = await client.post(
-            settings.url.rstrip("/") + wire.ROUTES[settings.api], json=body, headers=headers, timeout=settings.timeout_s
-        )
-    except httpx.HTTPError as exc:
+        if settings.stream:
+            response, data = await _streamed(client, url, body, headers, settings.timeout_s, started, record)
+        else:
+            response = await client.post(url, json=body, headers=headers, timeout=settings.timeout_s)
+            data = response.json() if response.status_code == 200 else {}
+    except (httpx.HTTPError, ValueError) as exc:  # ValueError: not JSON, or a stream that ended in an error
         record.latency_s = time.perf_counter() - started
-        record.status, record.error = "error", f"{type(exc).__name__}: {exc}"
+        record.error = f"{type(exc).__name__}: {exc}"
+        beyond = isinstance(exc, ValueError) and CONTEXT_ERROR_RE.search(record.error)
+        record.status = "beyond_window" if beyond else "error"
         return record
     record.latency_s = time.perf_counter() - started
     if response.status_code != 200:
@@ -249,7 +280,6 @@ async def send_step(
         record.status = "beyond_window" if beyond else "error"
         return record
 
-    data = response.json()
     pamer = dict(data.get("pamer") or {})
     sent = pamer.pop("messages_sent", None)
     record.pamer = pamer

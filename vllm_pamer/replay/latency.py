@@ -18,14 +18,16 @@ for their memory before the engine sees them, unless it was written ahead
 (``write_ahead``); the others: every other answered request. Waited: the
 compacting requests that waited for their memory, and the seconds they waited
 in all (as the schedule reports them; blank where a policy reports none).
+Time to first token (a streamed replay, ``--stream``): seconds from sending a
+request to its answer's first token, what an agent that streams waits for.
 """
 
 
-def _percentiles(values: Sequence[float]) -> str:
+def _percentiles(values: Sequence[float], digits: int = 1) -> str:
     if not values:
         return "- | - | -"
     p50, p95 = np.percentile(values, [50, 95])
-    return f"{p50:.1f} | {p95:.1f} | {max(values):.1f}"
+    return f"{p50:.{digits}f} | {p95:.{digits}f} | {max(values):.{digits}f}"
 
 
 def waited_s(record: StepRecord) -> float | None:
@@ -43,14 +45,17 @@ def waited_s(record: StepRecord) -> float | None:
 
 def latency_table(records: Sequence[StepRecord]) -> str:
     """One row per policy: p50 / p95 / max latency of its answered requests,
-    of those that compacted and of the others; empty without records."""
+    of those that compacted and of the others, and of their first tokens
+    where the replay streamed; empty without records."""
     policies = list(dict.fromkeys(r.policy for r in records))
     if not policies:
         return ""
+    streamed = any(r.ttft_s is not None for r in records)
+    ttft = " ttft p50 s | ttft p95 s | ttft max s |" if streamed else ""
     lines = [
         "| policy | answered | p50 s | p95 s | max s | compacting | compacting p50 s | compacting p95 s "
-        "| compacting max s | others p95 s | waited | waited s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| compacting max s | others p95 s | waited | waited s |{ttft}",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if streamed else ""),
     ]
     for policy in policies:
         ok = [r for r in records if r.policy == policy and r.status == "ok"]
@@ -63,5 +68,6 @@ def latency_table(records: Sequence[StepRecord]) -> str:
         lines.append(
             f"| {policy} | {len(ok)} | {_percentiles([r.latency_s for r in ok])} | {len(compacting)} | "
             f"{_percentiles(compacting)} | {other_p95} | {len(waits)} | {total} |"
+            + (f" {_percentiles([r.ttft_s for r in ok if r.ttft_s is not None], 2)} |" if streamed else "")
         )
     return "\n".join(lines)

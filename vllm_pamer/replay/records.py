@@ -35,6 +35,8 @@ class StepRecord(msgspec.Struct, kw_only=True):
     status: Status
     """``beyond_window``: the server refused the prompt as longer than the model window."""
     latency_s: float
+    ttft_s: float | None = None
+    """Seconds to the first token of a streamed answer (None: not streamed, or no token)."""
     error: str = ""
     prompt_tokens_in: int | None = None
     prompt_tokens_out: int | None = None
