@@ -33,6 +33,12 @@ from vllm_pamer.stores import open_store
 from vllm_pamer.trajectories import agent_requests, load_trajectories
 
 BIND_ONE_CORE_PER_RANK = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+KV_SHARE_OF_RAM = "0.05"
+"""``--gpu-memory-utilization`` of these servers (on CPU: the share of RAM each
+engine reserves; serve's default 0.2 is 4.7 GiB a rank on a 24 GiB machine):
+the tiny model needs little, and in the test suite the shared servers of
+tests/e2e/conftest.py still hold theirs, so two ranks at 0.2 did not start
+("Available memory on node 0 (4.51/23.59 GiB) ... is less than desired")."""
 MODES: dict[str, tuple[list[str], dict[str, str]]] = {
     "single": ([], {}),
     "api2": (["--api-server-count", "2"], {}),
@@ -88,7 +94,8 @@ def run_mode(mode: str, model_dir: Path, prompts: list[str], workdir: Path) -> M
     args, env = MODES[mode]
     store_path = workdir / f"{mode}.sqlite3"
     server = ServerProcess(
-        [str(model_dir), "--enforce-eager", "--max-model-len", "2048", "--pamer-policy", "none", *args],
+        [str(model_dir), "--enforce-eager", "--max-model-len", "2048", "--gpu-memory-utilization", KV_SHARE_OF_RAM]
+        + ["--pamer-policy", "none", *args],
         None,
         workdir / f"{mode}.log",
         env={"PAMER_STORE": str(store_path), **env},
