@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.support.fakes import blocking
-from tests.support.scale import min_cosine, run_failover, run_mode, user_turns
+from tests.support.scale import SMALL_KV, min_cosine, run_failover, run_mode, user_turns
 from tests.support.serve import (
     HELD_BODY,
     assert_whole_conversation,
@@ -113,7 +113,8 @@ def test_a_held_conversation_survives_the_loss_of_its_replica(compress_heads, pg
 
     store_url = pg_cluster.new_database()
     replicas = [
-        start_pamer_server(compress_heads, store_url, tmp_path / f"replica-{i}.log", port=free_port()) for i in range(2)
+        start_pamer_server(compress_heads, store_url, tmp_path / f"replica-{i}.log", SMALL_KV, port=free_port())
+        for i in range(2)
     ]
     router = RouterProcess([r.base_url for r in replicas], tmp_path / "router.log")
     try:

@@ -39,6 +39,9 @@ engine reserves; serve's default 0.2 is 4.7 GiB a rank on a 24 GiB machine):
 the tiny model needs little, and in the test suite the shared servers of
 tests/e2e/conftest.py still hold theirs, so two ranks at 0.2 did not start
 ("Available memory on node 0 (4.51/23.59 GiB) ... is less than desired")."""
+SMALL_KV = ("--gpu-memory-utilization", "0.1")
+"""Less than serve's default for two replicas of the default model at once
+(the failover); 0.05 leaves its weights too little KV cache for one 8,192-token request."""
 MODES: dict[str, tuple[list[str], dict[str, str]]] = {
     "single": ([], {}),
     "api2": (["--api-server-count", "2"], {}),
@@ -204,7 +207,8 @@ def run_failover(heads: Path, store_url: str, trajectory: dict, steps: int, work
     store = open_store(store_url)
     try:
         for i in range(2):
-            replicas.append(start_pamer_server(heads, store_url, workdir / f"replica-{i}.log", port=free_port()))
+            log = workdir / f"replica-{i}.log"
+            replicas.append(start_pamer_server(heads, store_url, log, SMALL_KV, port=free_port()))
         router = RouterProcess([r.base_url for r in replicas], workdir / "router.log")
         router.wait_ready()
         before: list[dict[str, Any]] = []
