@@ -80,9 +80,8 @@ class ShownMemories:
             if len(chosen) == self.top_k:
                 break
             chars = len(summary_part(memory))
-            if (
-                chars and used + chars <= budget
-            ):  # a record alone (no summary under KV pressure) shows nothing once older
+            # a record alone (no summary under KV pressure) shows nothing once older
+            if chars and used + chars <= budget:
                 chosen.append(memory)
                 used += chars
         return sorted(chosen, key=lambda m: m.id)
