@@ -8,6 +8,7 @@ vllm-pamer annotate --out PATH [--data PATH ...]   label decision points (recall
 vllm-pamer extract --labels PATH --out DIR [--data PATH ...] [--limit N]   states on the engine
 vllm-pamer train --states DIR --out PATH [--report DIR] [--target compression|recall]
                  [--head mlp|linear] [--export full|student] [--texts JSONL | --trajectories PATH ...]
+vllm-pamer train-control --labels PATH --data PATH ...   the metadata control as the band's trigger
 vllm-pamer replay --out DIR [--url URL] [--data PATH ...] [--policies none,recent_k] [--concurrency N]
                   [--limit-trajectories N] [--max-steps N] [--max-tokens N]   policies against a server
 vllm-pamer replay --serve --group-size N --out DIR [--stop-after-min MIN] [...]   on its own server, resumable
@@ -29,6 +30,7 @@ COMMANDS = {
     "annotate": "vllm_pamer.training.cli:annotate_main",
     "extract": "vllm_pamer.training.cli:extract_main",
     "train": "vllm_pamer.training.cli:train_main",
+    "train-control": "vllm_pamer.training.cli:train_control_main",
     "replay": "vllm_pamer.replay.cli:main",
 }
 """Each command's ``module:function``, imported only when it runs: a command

@@ -35,6 +35,9 @@ def policy_options(summary_tokens: int) -> dict[str, dict[str, Any]]:
             "band_vote": "random",
             "random_vote_rate": 0.875,
         },
+        # and the metadata control as the trigger (ablation c: length, progress, last tool),
+        # fitted on the tuning split (vllm_pamer/data/control_trigger.json)
+        "pamer_control_vote": {"policy": "pamer", "summary_max_tokens": n, "band_vote": "control"},
         # the tight operating point: a context budget of half the window
         "pamer_tight": {"policy": "pamer", "summary_max_tokens": n, "context_budget": TIGHT_BUDGET},
         # the budget schedule as before 8ee507b under KV pressure: the vote compacts inside the

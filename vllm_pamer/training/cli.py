@@ -516,3 +516,62 @@ def train_main(argv: Sequence[str] | None = None) -> int:
         print(f"[train] report: {path}")
     print(f"[train] done in {result.seconds:.0f} s")
     return 0
+
+
+# --------------------------------------------------------------------------------------
+# vllm-pamer train-control
+# --------------------------------------------------------------------------------------
+
+
+def train_control_main(argv: Sequence[str] | None = None) -> int:
+    """``vllm-pamer train-control``: fit the metadata control trigger on the
+    tuning split's points, print its scores on both splits, write it."""
+    from vllm_pamer.core.policies.pamer.control_vote import SHIPPED
+    from vllm_pamer.training.control_trigger import fit_control_trigger, point_features, score_table
+
+    parser = argparse.ArgumentParser(
+        prog="vllm-pamer train-control",
+        description=(
+            "Fit the metadata control (length, progress, last tool) as the band's trigger "
+            "(band_vote: control) on the tuning split's decision points; scores on both splits."
+        ),
+    )
+    parser.add_argument(
+        "--labels", required=True, metavar="PATH", help="decision points of both splits (vllm-pamer annotate --out)"
+    )
+    parser.add_argument(
+        "--data", action="append", default=None, metavar="PATH", help="the labelled trajectories; repeatable"
+    )
+    parser.add_argument("--target", choices=("compression", "recall"), default="compression")
+    parser.add_argument("--n-recent", type=int, default=2, help="recent blocks R_t, as annotated (default 2)")
+    parser.add_argument("--l2", type=float, default=1.0, help="the weights' penalty (default 1)")
+    parser.add_argument("--out", default=str(SHIPPED), metavar="PATH", help="control file (default: the shipped one)")
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+
+    points = load_labels(args.labels)
+    trajectories = load_data(args.data)
+    annotators = sorted({p.annotator for p in points})
+    scores = {}
+    trigger = None
+    for split in ("tuning", "evaluation"):
+        features, labels, sources = point_features(in_split(trajectories, split), points, args.target, args.n_recent)
+        if trigger is None:  # fitted on tuning only
+            trained_on = (
+                f"{len(labels)} {'/'.join(annotators)} {args.target} labels of the tuning split "
+                f"({args.labels}, {len(trajectories)} trajectories given); vllm-pamer train-control"
+            )
+            trigger = fit_control_trigger(features, labels, args.n_recent, trained_on, args.l2)
+        scores[split] = score_table(trigger, features, labels, sources)
+    assert trigger is not None
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(msgspec.json.format(msgspec.json.encode(trigger)) + b"\n")
+    print(f"wrote {out}: {trigger.trained_on}")
+    print("split        source                                    points  positive   AUROC  fires")
+    for split, table in scores.items():
+        for source, row in table.items():
+            print(
+                f"{split:12} {source:40} {row['points']:7d} {row['positive']:9.3f} "
+                f"{row['auroc']:7.3f} {row['fires']:6.3f}"
+            )
+    return 0

@@ -96,13 +96,21 @@ def tool_one_hot(meta: Sequence[Mapping[str, Any]], vocabulary: Sequence[str]) -
     return out
 
 
-def fit_logistic(
+def _logits(features, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    if isinstance(features, torch.Tensor) and features.is_sparse:
+        return torch.sparse.mm(features, w[:, None]).squeeze(1) + b
+    if not isinstance(features, torch.Tensor):
+        features = torch.from_numpy(np.asarray(features, dtype=np.float64))
+    return features @ w + b
+
+
+def logistic_weights(
     x_train, y_train: np.ndarray, rho: float, l2: float = 1.0, max_iter: int = 200
-) -> Callable[[Any], np.ndarray]:
-    """Class-weighted logistic regression (L-BFGS, float64). ``x_*`` dense numpy
-    or a torch sparse COO matrix; the penalty is ``l2/2 ||w||^2`` on the summed
-    loss (scikit-learn's C = 1/l2), the bias is not penalized. Returns a function
-    mapping features to logits."""
+) -> tuple[np.ndarray, float]:
+    """Class-weighted logistic regression (L-BFGS, float64): its weights and
+    bias. ``x_train`` dense numpy or a torch sparse COO matrix; the penalty is
+    ``l2/2 ||w||^2`` on the summed loss (scikit-learn's C = 1/l2), the bias is
+    not penalized."""
     sparse = isinstance(x_train, torch.Tensor) and x_train.is_sparse
     x = x_train if sparse else torch.from_numpy(np.asarray(x_train, dtype=np.float64))
     y = torch.from_numpy(np.asarray(y_train, dtype=np.float64))
@@ -111,26 +119,24 @@ def fit_logistic(
     b = torch.zeros((), dtype=torch.float64, requires_grad=True)
     optimizer = torch.optim.LBFGS([w, b], lr=1.0, max_iter=max_iter, line_search_fn="strong_wolfe")
 
-    def logits(features) -> torch.Tensor:
-        if isinstance(features, torch.Tensor) and features.is_sparse:
-            return torch.sparse.mm(features, w[:, None]).squeeze(1) + b
-        if not isinstance(features, torch.Tensor):
-            features = torch.from_numpy(np.asarray(features, dtype=np.float64))
-        return features @ w + b
-
     def closure():
         optimizer.zero_grad()
-        loss = weighted_bce(logits(x), y, rho) + 0.5 * l2 * (w * w).sum() / n
+        loss = weighted_bce(_logits(x, w, b), y, rho) + 0.5 * l2 * (w * w).sum() / n
         loss.backward()
         return loss
 
     optimizer.step(closure)
+    return w.detach().numpy(), float(b.detach())
 
-    def predict(features) -> np.ndarray:
-        with torch.no_grad():
-            return logits(features).numpy()
 
-    return predict
+def fit_logistic(
+    x_train, y_train: np.ndarray, rho: float, l2: float = 1.0, max_iter: int = 200
+) -> Callable[[Any], np.ndarray]:
+    """``logistic_weights`` as a function mapping features (dense or sparse, as
+    trained) to logits."""
+    w, b = logistic_weights(x_train, y_train, rho, l2, max_iter)
+    weights, bias = torch.from_numpy(w), torch.tensor(b, dtype=torch.float64)
+    return lambda features: _logits(features, weights, bias).numpy()
 
 
 _TOKEN_RE = re.compile(r"(?u)\b\w\w+\b")

@@ -361,3 +361,35 @@ def test_a_random_band_vote_is_a_seeded_coin_at_its_rate(store):
     step = len(split_conversation(conversation(7)).blocks)
     expected = [band_vote(session.policy.config, None, f"s{i}", step) for i in range(16)]
     assert actions == ["compressed" if fired else "none" for fired in expected] and 0 < sum(expected) < 16
+
+
+def _control_file(tmp_path, bias: float) -> str:
+    """A control that says the same whatever the request (its weights 0)."""
+    from vllm_pamer.core.policies.pamer.control_vote import NUMERIC
+
+    width = 2 * len(NUMERIC)
+    path = tmp_path / f"control{bias}.json"
+    path.write_text(
+        f'{{"tools": [], "mean": {[0.0] * width}, "scale": {[1.0] * width}, '
+        f'"weights": {[0.0] * width}, "bias": {bias}}}'
+    )
+    return str(path)
+
+
+def test_with_band_vote_control_the_control_decides_inside_the_band_not_the_heads(store, tmp_path):
+    """The third ablation: the metadata control, read from the request, is the
+    vote; the heads' vote is ignored and a missing one is no probe failure."""
+    yes = Session(store, band_vote="control", control_trigger=_control_file(tmp_path, 5.0))
+    no = Session(store, band_vote="control", control_trigger=_control_file(tmp_path, -5.0))
+    assert yes.send(conversation(5), vote=None, session="low").action == "none"  # below the band
+    assert yes.send(conversation(7), vote=None, session="a").schedule.trigger == "vote"
+    assert yes.send(conversation(7), vote=KEEP, session="b").schedule.trigger == "vote"
+    assert no.send(conversation(7), vote=COMPRESS, session="c").action == "none"
+    assert no.send(conversation(9), vote=COMPRESS, session="d").schedule.trigger == "top_of_band"
+    assert "probe_missing" not in [e["kind"] for e in blocking(store).events("a")]
+
+
+def test_a_control_file_that_cannot_be_read_fails_the_policy_s_creation(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        create_policy("pamer", {"band_vote": "control", "control_trigger": str(tmp_path / "missing.json")})
+    assert create_policy("pamer", {"band_vote": "control"}) is not None  # the shipped control

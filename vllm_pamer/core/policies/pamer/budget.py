@@ -106,13 +106,18 @@ def budget_for(
     return Budget(budget, base, band_low, target, vote, shared)
 
 
-def band_vote(cfg: BudgetConfig, vote: HeadVote | None, session: str, step: int) -> bool | None:
+def band_vote(
+    cfg: BudgetConfig, vote: HeadVote | None, session: str, step: int, control: bool | None = None
+) -> bool | None:
     """Whether the band's vote says compress for a session's request at its
-    ``step``-th block (None: no vote captured)."""
+    ``step``-th block (None: no vote captured); ``control``: what the metadata
+    control says of the request (``band_vote: control``)."""
     if cfg.band_vote == "heads":
         return vote.compress_vote if vote is not None else None
     if cfg.band_vote == "never":
         return False
+    if cfg.band_vote == "control":
+        return control
     # a stable coin: the same session and step give the same answer in every process and run
     digest = hashlib.blake2b(f"{cfg.random_vote_seed}:{session}:{step}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") / 2**64 < cfg.random_vote_rate

@@ -61,6 +61,7 @@ from vllm_pamer.core.policies.pamer.budget import (
 )
 from vllm_pamer.core.policies.pamer.compaction_memory import CompactionMemory
 from vllm_pamer.core.policies.pamer.config import BudgetConfig
+from vllm_pamer.core.policies.pamer.control_vote import load_control_trigger
 from vllm_pamer.core.policies.pamer.memory import (
     MASKED_KINDS,
     TURN_KINDS,
@@ -122,6 +123,8 @@ class BudgetSchedule:
         self._active: TTLCache[str, bool] = TTLCache(
             MAX_TRACKED_SESSIONS, config.kv_share_idle_s, timer=lambda: self.clock()
         )
+        self.control = load_control_trigger(config.control_trigger or None) if config.band_vote == "control" else None
+        """``band_vote: control``'s model, read at start so a bad file fails the server's start."""
         self.shown = ShownMemories(kind, config.top_k)
         self.written = CompactionMemory(config, memory, kind, self._count)
         self._offset: LRUCache[str, Offset] = LRUCache(MAX_TRACKED_SESSIONS)
@@ -220,7 +223,10 @@ class BudgetSchedule:
             not services.max_model_len
             or sent_tokens + answer_room(request.answer_tokens, services.max_model_len) < services.max_model_len
         )
-        vote = band_vote(cfg, request.previous_vote, session, view.covered + len(view.live))
+        control = None
+        if self.control is not None and sent_tokens >= budget.band_low:  # read only where it can decide
+            control = self.control.compress(view.prefix, view.live, request.messages)
+        vote = band_vote(cfg, request.previous_vote, session, view.covered + len(view.live), control)
         why = trigger(budget, sent_tokens, fits, vote)
         plan = self.plan(view, budget, services) if why is not None else None
         if plan is not None and why != "window" and plan.archived_tokens < budget.budget - budget.band_low:

@@ -77,11 +77,16 @@ class BudgetConfig(PamerOptions, frozen=True):
     """KV-cache usage at which the budget has shrunk to ``kv_min_scale``."""
     kv_min_scale: float = 0.5
     """The smallest share of the budget KV pressure leaves."""
-    band_vote: Literal["heads", "never", "random"] = "heads"
+    band_vote: Literal["heads", "never", "random", "control"] = "heads"
     """What decides inside the band: the heads' vote; nothing (``never``: a
-    compaction only at the band's top or the window); or a coin seeded by the
-    session and its step, firing at ``random_vote_rate`` (the ablations that
-    show what the heads' vote decides)."""
+    compaction only at the band's top or the window); a coin seeded by the
+    session and its step, firing at ``random_vote_rate``; or the metadata
+    control (``control``: length, progress and the last tool,
+    ``control_vote.py``). The last three are the ablations that show what the
+    heads' vote decides."""
+    control_trigger: str = ""
+    """``band_vote: control``: the fitted control's file (``vllm-pamer
+    train-control``); empty: the shipped one, fitted on the tuning split."""
     random_vote_rate: float = 0.5
     """``band_vote: random``: the chance a request inside the band compacts
     (set it to the heads' own rate on the same requests)."""

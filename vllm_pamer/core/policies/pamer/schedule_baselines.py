@@ -51,6 +51,7 @@ SCHEDULE_OPTIONS = frozenset(
         "band_vote",
         "random_vote_rate",
         "random_vote_seed",
+        "control_trigger",
         "kv_share",
         "kv_share_idle_s",
         "write_ahead",
