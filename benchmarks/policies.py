@@ -99,7 +99,7 @@ def report(run: GroupedRun, commits: list[str], args: argparse.Namespace) -> Non
     # the replayed trajectories, for the over-recency column (absent data: the column stays empty)
     paths = [DATA / f"{name}.jsonl.gz" for name in ("tau_airline", "mini_swe")]
     trajectories = [t for path in paths if path.exists() for t in load_trajectories(path)]
-    write_finished_report(run, commits, workload, command, trajectories, against=args.against)
+    write_finished_report(run, commits, workload, command, trajectories, against=args.against, paired=args.paired)
 
 
 def main() -> None:
@@ -187,10 +187,19 @@ def main() -> None:
         help="another run's --out (e.g. the same groups with more KV memory): the report adds "
         "steps / min here and there, per kind, on the groups both finished",
     )
+    parser.add_argument(
+        "--paired",
+        default=None,
+        metavar="POLICY",
+        help="the report sets this policy against each other one, request by request, with bootstrap "
+        "intervals (e.g. pamer against the vote's ablations)",
+    )
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "policies"))
     args = parser.parse_args()
     if refused := stream_refusal(args.stream, args.likelihood, args.policies.split(",")):
         parser.error(refused)
+    if args.paired is not None and args.paired not in args.policies.split(","):
+        parser.error(f"--paired {args.paired}: not one of --policies {args.policies}")
 
     ensure_default_model(quiet=True)
     heads = args.heads or shipped_heads()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tests.support.markdown import table
-from vllm_pamer.replay.latency import latency_table
+from vllm_pamer.replay.latency import latency_notes, latency_table
 from vllm_pamer.replay.records import StepRecord
 
 
@@ -45,11 +45,13 @@ def test_a_memory_written_ahead_is_no_wait():
     assert (cells["sam"]["waited"], cells["sam"]["waited s"]) == ("1", "-")
 
 
-def test_first_token_columns_only_where_the_replay_streamed():
+def test_first_token_columns_and_note_only_where_the_replay_streamed():
     assert "ttft" not in latency_table([rec("pamer", 0, 1.0)])
+    assert "first token" not in latency_notes([rec("pamer", 0, 1.0)])
     records = [rec("pamer", i, 2.0) for i in range(3)] + [rec("recent_k", 0, 1.0)]
     for i, r in enumerate(records[:3]):
         r.ttft_s = 0.5 * (i + 1)
     cells = table(latency_table(records))
     assert (cells["pamer"]["ttft p50 s"], cells["pamer"]["ttft max s"]) == ("1.00", "1.50")
     assert cells["recent_k"]["ttft p50 s"] == "-"  # none of its answers streamed a token
+    assert "first token" in latency_notes(records)

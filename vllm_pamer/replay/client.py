@@ -226,6 +226,14 @@ async def _streamed(
     return response, answer.body()
 
 
+def _unanswered(record: StepRecord, error: str, refused: bool) -> StepRecord:
+    """A request with no answer: ``beyond_window`` when the server refused it
+    (a 400, or a streamed error) for its length, else an ``error``."""
+    record.error = error
+    record.status = "beyond_window" if refused and CONTEXT_ERROR_RE.search(error) else "error"
+    return record
+
+
 async def send_step(
     client: httpx.AsyncClient,
     settings: ReplaySettings,
@@ -269,16 +277,10 @@ async def send_step(
             data = response.json() if response.status_code == 200 else {}
     except (httpx.HTTPError, ValueError) as exc:  # ValueError: not JSON, or a stream that ended in an error
         record.latency_s = time.perf_counter() - started
-        record.error = f"{type(exc).__name__}: {exc}"
-        beyond = isinstance(exc, ValueError) and CONTEXT_ERROR_RE.search(record.error)
-        record.status = "beyond_window" if beyond else "error"
-        return record
+        return _unanswered(record, f"{type(exc).__name__}: {exc}", isinstance(exc, ValueError))
     record.latency_s = time.perf_counter() - started
     if response.status_code != 200:
-        record.error = _error_message(response)
-        beyond = response.status_code == 400 and CONTEXT_ERROR_RE.search(record.error)
-        record.status = "beyond_window" if beyond else "error"
-        return record
+        return _unanswered(record, _error_message(response), response.status_code == 400)
 
     pamer = dict(data.get("pamer") or {})
     sent = pamer.pop("messages_sent", None)

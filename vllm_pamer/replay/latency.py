@@ -18,9 +18,15 @@ for their memory before the engine sees them, unless it was written ahead
 (``write_ahead``); the others: every other answered request. Waited: the
 compacting requests that waited for their memory, and the seconds they waited
 in all (as the schedule reports them; blank where a policy reports none).
-Time to first token (a streamed replay, ``--stream``): seconds from sending a
+"""
+TTFT_NOTE = """Time to first token (a streamed replay, ``--stream``): seconds from sending a
 request to its answer's first token, what an agent that streams waits for.
 """
+
+
+def latency_notes(records: Sequence[StepRecord]) -> str:
+    """The notes above the latency table: the time to first token's only where the replay streamed."""
+    return LATENCY_NOTES + (TTFT_NOTE if any(r.ttft_s is not None for r in records) else "")
 
 
 def _percentiles(values: Sequence[float], digits: int = 1) -> str:

@@ -55,7 +55,8 @@ import msgspec
 
 from vllm_pamer.replay import prometheus
 from vllm_pamer.replay.evidence import FrontierPoint, Reading, recency_at, recency_frontier
-from vllm_pamer.replay.latency import LATENCY_NOTES, latency_table
+from vllm_pamer.replay.latency import latency_notes, latency_table
+from vllm_pamer.replay.paired import paired_rows, paired_table
 from vllm_pamer.replay.plots import plot_all
 from vllm_pamer.replay.readings import add_common, add_likelihood
 from vllm_pamer.replay.records import PolicyRow, RunSummary, StepRecord, key_of, write_records, write_runs
@@ -339,6 +340,7 @@ def write_report(
     title: str = "Replay",
     preface: str = "",
     trajectories: Sequence[Mapping[str, Any]] | None = None,
+    paired: str | None = None,
 ) -> list[PolicyRow]:
     """``records_name`` (``.gz``: compressed) and runs.json (unless
     ``records_name`` is None: the caller keeps them), summary.json, report.md
@@ -346,7 +348,8 @@ def write_report(
     With trajectories of both kinds in single-kind runs, the report adds a
     table and plots per kind (their counters cannot be split otherwise). Given
     the replayed ``trajectories``, each row gets its evidence over recency's on
-    the same requests, and a third plot shows it."""
+    the same requests, and a third plot shows it. ``paired``: a policy to set
+    against every other one, request by request (``paired.py``)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -368,7 +371,9 @@ def write_report(
     if table := spending_table(rows):
         parts += [SPENDING_NOTES, table + "\n"]
     if table := latency_table(records):
-        parts += [LATENCY_NOTES, table + "\n"]
+        parts += [latency_notes(records), table + "\n"]
+    if paired is not None and (table := paired_table(paired_rows(paired, rows, records))):
+        parts.append(table + "\n")
     kinds = sorted({run.kind for run in runs if run.kind})
     if len(kinds) > 1:
         for kind in kinds:
@@ -378,6 +383,8 @@ def write_report(
             kind_rows, kind_frontier = rows_and_frontier(kind_records, kind_runs)
             parts.append(f"\n## {name}\n\n{markdown_table(kind_rows)}\n\n{evidence_table(kind_rows)}\n")
             if table := spending_table(kind_rows):
+                parts.append(table + "\n")
+            if paired is not None and (table := paired_table(paired_rows(paired, kind_rows, kind_records))):
                 parts.append(table + "\n")
             parts += plot_all(out, kind_records, kind_rows, kind_frontier, f"_{kind}", name)
     else:

@@ -253,18 +253,24 @@ def random_method(cases: list[Case]) -> MethodResult:
     return MethodResult("random (exact expectation)", [math.nan] * len(cases), arr[:, 0], arr[:, 1], arr[:, 2])
 
 
-def bootstrap_ci(values: np.ndarray, groups: np.ndarray, n_boot: int = 2000, seed: int = 0) -> tuple[float, float]:
-    """95% interval of the mean, resampling whole groups (trajectories)."""
+def bootstrap_ci(
+    values: np.ndarray, groups: np.ndarray, n_boot: int = 2000, seed: int = 0, weights: np.ndarray | None = None
+) -> tuple[float, float]:
+    """95% interval of the mean (with ``weights``: of sum(values) / sum(weights)),
+    resampling whole groups (trajectories)."""
     if len(values) == 0:
         return math.nan, math.nan
     labels = np.unique(groups)
     index = [np.flatnonzero(groups == g) for g in labels]
     sums = np.array([values[ix].sum() for ix in index])
-    counts = np.array([len(ix) for ix in index])
+    counts = np.array([len(ix) if weights is None else weights[ix].sum() for ix in index])
     rng = np.random.default_rng(seed)
     picks = rng.integers(0, len(labels), size=(n_boot, len(labels)))
-    means = sums[picks].sum(1) / counts[picks].sum(1)
-    return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+    totals = counts[picks].sum(1)
+    means = sums[picks].sum(1) / np.where(totals > 0, totals, np.nan)  # a draw that weighs nothing: no mean
+    if np.isnan(means).all():
+        return math.nan, math.nan
+    return float(np.nanpercentile(means, 2.5)), float(np.nanpercentile(means, 97.5))
 
 
 def captured_query_vectors(runner: Any, cases: list[Case]) -> dict[int, np.ndarray]:

@@ -65,13 +65,15 @@ def write_finished_report(
     command: str,
     trajectories: list[dict[str, Any]],
     against: str | None = None,
+    paired: str | None = None,
 ) -> list[PolicyRow] | None:
     """``OUT/report.md`` (and the report's other files) over the groups every
     policy finished, headed by what ran: the trajectories, the ``workload``
     (how many requests each, sessions at a time, ...), the KV budget, the
     ``commits`` that ran and the ``command`` that resumes it. ``trajectories``:
     the replayed ones, for the over-recency column. ``against``: another run's
-    folder to compare serving figures with. Returns the rows (None: no group
+    folder to compare serving figures with. ``paired``: a policy set against
+    each other one, request by request. Returns the rows (None: no group
     finished yet)."""
     out, groups, policies = run.out, run.groups, run.policies
     store = UnitStore(out, repair=False)  # a report never changes the units file
@@ -94,6 +96,7 @@ def write_finished_report(
         title="Policies side by side",
         preface=text,
         trajectories=trajectories,
+        paired=paired,
     )
     print(markdown_table(rows))
     print(text)

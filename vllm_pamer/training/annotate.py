@@ -199,8 +199,14 @@ def decision_contexts(
     cache = {} if token_cache is None else token_cache
     messages = list(trajectory["messages"])
     conversation = split_conversation(messages)
-    prefix_end = len(conversation.prefix)
     starts, tokens = block_layout(conversation, count_tokens, cache)
+    return _contexts(messages, len(conversation.prefix), starts, tokens, settings)
+
+
+def _contexts(
+    messages: Sequence[Message], prefix_end: int, starts: list[int], tokens: list[int], settings: AnnotatorSettings
+) -> list[DecisionContext]:
+    """``decision_contexts`` of a trajectory already split and laid out."""
     cumulative = [0, *itertools.accumulate(tokens)]  # cumulative[k] = tokens of blocks[:k]
 
     contexts: list[DecisionContext] = []
@@ -277,6 +283,12 @@ class TrajectoryFacts(msgspec.Struct, frozen=True):
     """Message i is not the agent's (a tool result, a user or system message)."""
     values: dict[int, list[str]]
     """The salient values of the action at each decision point's message index."""
+    conversation: Conversation
+    """The trajectory's prefix and blocks."""
+    block_starts: list[int]
+    """Each block's first message index (``block_layout``)."""
+    block_tokens: list[int]
+    """Each block's tokens (``block_layout``)."""
 
 
 def read_trajectory(
@@ -286,13 +298,18 @@ def read_trajectory(
     token_cache: dict[str, int] | None = None,
 ) -> TrajectoryFacts:
     messages = list(trajectory["messages"])
-    contexts = decision_contexts(trajectory, count_tokens, settings, token_cache)
+    conversation = split_conversation(messages)
+    starts, tokens = block_layout(conversation, count_tokens, {} if token_cache is None else token_cache)
+    contexts = _contexts(messages, len(conversation.prefix), starts, tokens, settings)
     return TrajectoryFacts(
         messages=messages,
         contexts=contexts,
         where=Occurrences([message_text(m) for m in messages]),
         observed=[m.get("role") != "assistant" for m in messages],
         values={ctx.message_index: sorted(action_values(messages[ctx.message_index])) for ctx in contexts},
+        conversation=conversation,
+        block_starts=starts,
+        block_tokens=tokens,
     )
 
 

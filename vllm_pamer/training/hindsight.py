@@ -31,7 +31,6 @@ from typing import Any, ClassVar
 
 import msgspec
 
-from vllm_pamer.core.blocks import split_conversation
 from vllm_pamer.core.policies.pamer.budget import archive_count
 from vllm_pamer.core.policies.pamer.config import BudgetConfig
 from vllm_pamer.replay.variants import TIGHT_BUDGET
@@ -40,7 +39,6 @@ from vllm_pamer.training.annotate import (
     CountTokens,
     DecisionContext,
     DecisionPoint,
-    block_layout,
     old_only,
     read_trajectory,
     reference_points,
@@ -81,9 +79,8 @@ class HindsightAnnotator:
         facts = read_trajectory(trajectory, self.count_tokens, s, self.token_cache)
         reference = reference_points(trajectory, facts, s)
         messages, contexts, values = facts.messages, facts.contexts, facts.values
-        conversation = split_conversation(messages)
-        fixed = self.count_tokens(list(conversation.prefix)) + self.record_tokens
-        starts, tokens = block_layout(conversation, self.count_tokens, self.token_cache)
+        fixed = self.count_tokens(list(facts.conversation.prefix)) + self.record_tokens
+        starts, tokens = facts.block_starts, facts.block_tokens
 
         def lost(j: int, actions: Sequence[DecisionContext]) -> set[str]:
             """What a compaction at point j loses for ``actions``."""
