@@ -25,6 +25,9 @@ def policy_options(summary_tokens: int) -> dict[str, dict[str, Any]]:
         "pamer_text": {"policy": "pamer", "summary_max_tokens": n, "summary_layout": "text"},
         # the budget schedule with its memories written ahead of need (issue 33)
         "pamer_ahead": {"policy": "pamer", "summary_max_tokens": n, "write_ahead": True},
+        # written ahead from a band twice as wide: the memory starts a tenth of the budget earlier,
+        # so it is ready about where the synchronous schedule compacts (its requests grow while it is written)
+        "pamer_ahead_wide": {"policy": "pamer", "summary_max_tokens": n, "write_ahead": True, "band_share": 0.2},
         # the vote's ablations: no vote (the band's top), a seeded coin at the heads' rate: the
         # shipped heads voted compress at 35 of the 40 requests inside the band on the tight
         # mini-swe run (benchmarks/RESULTS.md, "The vote's ablation")
