@@ -38,11 +38,11 @@ def test_the_differences_are_on_the_requests_both_answered_with_intervals_over_t
     records.append(rec("pamer", "a", 3, needs=10, readable=10, logprob=0.0))
     records.append(rec("band_top", "a", 3, needs=10, readable=0, status="beyond_window"))  # left out
     [p] = paired_rows("pamer", [row("pamer", 110.0), row("band_top", 100.0)], records)
-    assert (p.other, p.requests, p.needs, p.scored) == ("band_top", 12, 48, 12)
+    assert (p.other, p.trajectories, p.requests, p.one_sided, p.needs, p.scored) == ("band_top", 4, 12, 1, 48, 12)
     assert p.readable == pytest.approx(0.25) and p.readable_ci == pytest.approx((0.25, 0.25))  # the same everywhere
     assert p.logprob == pytest.approx(0.5) and p.prefill_ratio == pytest.approx(1.1)
     table = paired_table([p])
-    assert "| pamer | band_top | 12 | 48 | +25.0 pt (+25.0 to +25.0) |" in table and "+0.500" in table
+    assert "| pamer | band_top | 4 | 12 | 1 | 48 | +25.0 pt (+25.0 to +25.0) |" in table and "+0.500" in table
 
 
 def test_an_interval_widens_with_what_differs_between_trajectories():

@@ -20,8 +20,12 @@ class PairedRow(msgspec.Struct):
 
     policy: str
     other: str
+    trajectories: int
+    """Trajectories those requests come from (the bootstrap's units)."""
     requests: int
     """Requests both answered with an evidence reading."""
+    one_sided: int
+    """Requests only one of the two answered (left out of every column)."""
     needs: int
     """The needs of those requests (the one rule, ``evidence.needs``)."""
     readable: float | None
@@ -62,6 +66,7 @@ def paired_rows(policy: str, rows: Sequence[PolicyRow], records: Sequence[StepRe
         theirs = by_policy.get(row.policy, {})
         both = [k for k in mine if k in theirs and mine[k].readable is not None]
         both = sorted(k for k in both if theirs[k].readable is not None)
+        one_sided = len(set(mine) ^ set(theirs))
         groups = np.asarray([k[0] for k in both], dtype=object)
         needs = np.asarray([mine[k].needs for k in both], dtype=np.float64)
         readable = np.asarray([(mine[k].readable or 0) - (theirs[k].readable or 0) for k in both], dtype=np.float64)
@@ -79,7 +84,9 @@ def paired_rows(policy: str, rows: Sequence[PolicyRow], records: Sequence[StepRe
             PairedRow(
                 policy=policy,
                 other=row.policy,
+                trajectories=len({k[0] for k in both}),
                 requests=len(both),
+                one_sided=one_sided,
                 needs=int(needs.sum()),
                 readable=r_diff,
                 readable_ci=r_ci,
@@ -99,8 +106,10 @@ Paired: {policy} minus each other policy on the requests both answered
 (readable, observed: the one rule's needs, in points of those requests'
 needs; log-prob: the next action's mean log-probability per token, on the
 requests both scored), with 95% intervals from 2,000 bootstrap draws of
-whole trajectories; prefill: {policy}'s computed prefill over the other's,
-whole runs.
+whole trajectories (percentile intervals: on a handful of trajectories they
+are rough and too narrow rather than too wide); one-sided: requests only one
+of the two answered, left out; prefill: {policy}'s computed prefill over the
+other's, whole runs (its summaries included; a request refused computes none).
 """
 
 
@@ -120,13 +129,15 @@ def paired_table(paired: Sequence[PairedRow]) -> str:
     if not paired:
         return ""
     lines = [
-        "| policy | against | requests | needs | readable | observed | scored | action log-prob | prefill |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| policy | against | trajectories | requests | one-sided | needs | readable | observed | scored "
+        "| action log-prob | prefill |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in paired:
         ratio = f"{p.prefill_ratio:.2f}x" if p.prefill_ratio is not None else "-"
         lines.append(
-            f"| {p.policy} | {p.other} | {p.requests} | {p.needs} | {_points(p.readable, p.readable_ci)} "
+            f"| {p.policy} | {p.other} | {p.trajectories} | {p.requests} | {p.one_sided} | {p.needs} "
+            f"| {_points(p.readable, p.readable_ci)} "
             f"| {_points(p.observed, p.observed_ci)} | {p.scored} | {_logp(p.logprob, p.logprob_ci)} | {ratio} |"
         )
     return PAIRED_NOTES.format(policy=paired[0].policy) + "\n" + "\n".join(lines)

@@ -26,7 +26,9 @@ def policy_options(summary_tokens: int) -> dict[str, dict[str, Any]]:
         # the budget schedule with its memories written ahead of need (issue 33)
         "pamer_ahead": {"policy": "pamer", "summary_max_tokens": n, "write_ahead": True},
         # written ahead from a band twice as wide: the memory starts a tenth of the budget earlier,
-        # so it is ready about where the synchronous schedule compacts (its requests grow while it is written)
+        # so it is ready about where the synchronous schedule compacts (its requests grow while it is
+        # written); the wider band also lets the vote fire from 0.8 of the budget and asks each
+        # compaction to archive at least a fifth of it (budget_schedule.py, "large steps only")
         "pamer_ahead_wide": {"policy": "pamer", "summary_max_tokens": n, "write_ahead": True, "band_share": 0.2},
         # the vote's ablations: no vote (the band's top), a seeded coin at the heads' rate: the
         # shipped heads voted compress at 35 of the 40 requests inside the band on the tight

@@ -274,7 +274,8 @@ def old_only(where: list[int], ctx: DecisionContext, until: int, observed: Seque
 class TrajectoryFacts(msgspec.Struct, frozen=True):
     """What every annotator reads of one trajectory, worked out once
     (``read_trajectory``): its decision points, where each value occurs, which
-    messages are observations, and each action's values."""
+    messages are observations, each action's values, and its split into
+    prefix and blocks with each block's start and tokens."""
 
     messages: list[Message]
     contexts: list[DecisionContext]

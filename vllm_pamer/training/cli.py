@@ -526,7 +526,6 @@ def train_main(argv: Sequence[str] | None = None) -> int:
 def train_control_main(argv: Sequence[str] | None = None) -> int:
     """``vllm-pamer train-control``: fit the metadata control trigger on the
     tuning split's points, print its scores on both splits, write it."""
-    from vllm_pamer.core.policies.pamer.control_vote import SHIPPED
     from vllm_pamer.training.control_trigger import fit_control_trigger, point_features, score_table
 
     parser = argparse.ArgumentParser(
@@ -545,23 +544,32 @@ def train_control_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--target", choices=("compression", "recall"), default="compression")
     parser.add_argument("--n-recent", type=int, default=2, help="recent blocks R_t, as annotated (default 2)")
     parser.add_argument("--l2", type=float, default=1.0, help="the weights' penalty (default 1)")
-    parser.add_argument("--out", default=str(SHIPPED), metavar="PATH", help="control file (default: the shipped one)")
+    parser.add_argument(
+        "--out", required=True, metavar="PATH", help="control file (vllm_pamer/data/control_trigger.json ships)"
+    )
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
 
     points = load_labels(args.labels)
     trajectories = load_data(args.data)
+    named = {p.trajectory_id for p in points}
+    if missing := named - {str(t.get("id", "")) for t in trajectories}:
+        parser.error(f"{len(missing)} labelled trajectories are not in --data, e.g. {sorted(missing)[0]!r}")
     annotators = sorted({p.annotator for p in points})
     scores = {}
     trigger = None
-    for split in ("tuning", "evaluation"):
-        features, labels, sources = point_features(in_split(trajectories, split), points, args.target, args.n_recent)
-        if trigger is None:  # fitted on tuning only
-            trained_on = (
-                f"{len(labels)} {'/'.join(annotators)} {args.target} labels of the tuning split "
-                f"({args.labels}, {len(trajectories)} trajectories given); vllm-pamer train-control"
-            )
-            trigger = fit_control_trigger(features, labels, args.n_recent, trained_on, args.l2)
-        scores[split] = score_table(trigger, features, labels, sources)
+    try:
+        for split in ("tuning", "evaluation"):
+            chosen = in_split(trajectories, split)
+            features, labels, sources = point_features(chosen, points, args.target, args.n_recent)
+            if trigger is None:  # fitted on tuning only
+                trained_on = (
+                    f"{len(labels)} {'/'.join(annotators)} {args.target} labels (annotate --tokens chars) of the "
+                    f"tuning split, {len(chosen)} trajectories; vllm-pamer train-control"
+                )
+                trigger = fit_control_trigger(features, labels, args.n_recent, trained_on, args.l2)
+            scores[split] = score_table(trigger, features, labels, sources)
+    except ValueError as exc:
+        parser.error(str(exc))
     assert trigger is not None
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

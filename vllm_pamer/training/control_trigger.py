@@ -23,18 +23,34 @@ def point_features(
     trajectories: Sequence[Mapping[str, Any]], points: Sequence[DecisionPoint], target: str, n_recent: int
 ) -> tuple[list[dict[str, float | str]], np.ndarray, list[str]]:
     """Features, labels and sources of the points labelled for ``target``
-    (``compression`` or ``recall``) whose trajectory is given: each request
-    ``messages[:message_index]`` read whole, as a request with no memory yet."""
-    by_id = {str(t.get("id", "")): list(t["messages"]) for t in trajectories}
+    (``compression`` or ``recall``) of the given trajectories (the points of
+    others are left out: a split), each request ``messages[:message_index]``
+    read whole, as the server reads it. Labels that name a trajectory twice,
+    a point that is no decision point, or tokens of another counter than
+    ``annotate --tokens chars`` (the control's own count) are refused."""
+    by_id: dict[str, list[dict[str, Any]]] = {}
+    for t in trajectories:
+        if str(t.get("id", "")) in by_id:
+            raise ValueError(f"trajectory {t.get('id')!r} is given twice")
+        by_id[str(t.get("id", ""))] = list(t["messages"])
     features, labels, sources = [], [], []
     for point in points:
         label = getattr(point, target)
         messages = by_id.get(point.trajectory_id)
         if label is None or messages is None:
             continue
+        if not 0 < point.message_index < len(messages) or messages[point.message_index].get("role") != "assistant":
+            raise ValueError(f"{point.trajectory_id} message {point.message_index} is no decision point")
         request = messages[: point.message_index]
         conversation = split_conversation(request)
-        features.append(request_features(conversation.prefix, conversation.blocks, request, n_recent))
+        row = request_features(conversation.prefix, conversation.blocks, request, n_recent)
+        if row["old_tokens"] != point.old_tokens:
+            raise ValueError(
+                f"{point.trajectory_id} message {point.message_index}: the labels count {point.old_tokens} old "
+                f"tokens, the control {row['old_tokens']:.0f}: label with annotate --tokens chars and the same "
+                "--n-recent"
+            )
+        features.append(row)
         labels.append(int(label))
         sources.append(point.source)
     return features, np.asarray(labels, dtype=np.int64), sources

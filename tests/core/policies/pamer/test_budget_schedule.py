@@ -363,15 +363,17 @@ def test_a_random_band_vote_is_a_seeded_coin_at_its_rate(store):
     assert actions == ["compressed" if fired else "none" for fired in expected] and 0 < sum(expected) < 16
 
 
-def _control_file(tmp_path, bias: float) -> str:
-    """A control that says the same whatever the request (its weights 0)."""
+def _control_file(tmp_path, bias: float, context_weight: float = 0.0) -> str:
+    """A control that says compress where ``bias`` + ``context_weight`` x the
+    request's context_tokens / 1000 reaches 0 (its other weights 0)."""
     from vllm_pamer.core.policies.pamer.control_vote import NUMERIC
 
     width = 2 * len(NUMERIC)
-    path = tmp_path / f"control{bias}.json"
+    weights = [0.0] * width
+    weights[NUMERIC.index("context_tokens") * 2 + 1] = context_weight
+    path = tmp_path / f"control{bias}-{context_weight}.json"
     path.write_text(
-        f'{{"tools": [], "mean": {[0.0] * width}, "scale": {[1.0] * width}, '
-        f'"weights": {[0.0] * width}, "bias": {bias}}}'
+        f'{{"tools": [], "mean": {[0.0] * width}, "scale": {[1.0] * width}, "weights": {weights}, "bias": {bias}}}'
     )
     return str(path)
 
@@ -393,3 +395,34 @@ def test_a_control_file_that_cannot_be_read_fails_the_policy_s_creation(tmp_path
     with pytest.raises(FileNotFoundError):
         create_policy("pamer", {"band_vote": "control", "control_trigger": str(tmp_path / "missing.json")})
     assert create_policy("pamer", {"band_vote": "control"}) is not None  # the shipped control
+    with pytest.raises(ValueError, match="only with band_vote 'control'"):
+        create_policy("pamer", {"control_trigger": str(tmp_path / "control.json")})
+
+
+def test_the_control_reads_the_whole_request_as_the_client_sent_it(store, tmp_path):
+    """As on the points it was fitted on, where no memory covers a block: after
+    a compaction the control still reads the client's whole history, not what
+    the schedule sends."""
+    # says compress from 2,500 tokens of history (chars // 4); the band is 1,500-2,000 tokens sent
+    session = Session(store, band_vote="control", control_trigger=_control_file(tmp_path, -25.0, 10.0))
+    first = session.send(conversation(9))  # ~2,145 tokens of history: the band's top compacts
+    assert first.schedule.trigger == "top_of_band"
+    triggers = [(n, session.send(conversation(n)).schedule) for n in range(10, 16)]
+    n, second = next((n, s) for n, s in triggers if s.trigger is not None)
+    assert second.trigger == "vote" and second.sent_tokens < 2000 and n >= 11  # history ~2,600+: it fires
+
+
+def test_a_control_that_fails_decides_nothing_and_the_band_s_top_still_compacts(store, tmp_path, monkeypatch):
+    from vllm_pamer.core.policies.pamer.control_vote import ControlTrigger
+
+    def boom(*_args):
+        raise RuntimeError("broken control")
+
+    monkeypatch.setattr(ControlTrigger, "compress", boom)
+    session = Session(store, band_vote="control", control_trigger=_control_file(tmp_path, 5.0))
+    inside = session.send(conversation(7), session="a")
+    assert inside.action == "none" and inside.fallback_rule is None
+    assert session.send(conversation(9), session="b").schedule.trigger == "top_of_band"
+    assert [e["detail"]["error"] for e in blocking(store).events("a") if e["kind"] == "control_failed"] == [
+        "RuntimeError('broken control')"
+    ]

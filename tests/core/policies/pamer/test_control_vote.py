@@ -57,13 +57,23 @@ def test_the_logit_is_the_weighted_standardized_features_plus_the_bias():
     assert trigger.logit({**features, "last_tool": "python"}) == trigger.logit(features)  # unseen tool: no column
 
 
-def test_a_control_of_the_wrong_width_is_refused():
+def test_a_control_of_the_wrong_width_or_a_zero_scale_is_refused():
     with pytest.raises(ValueError, match="needs 12 means"):
         ControlTrigger(tools=["bash", "x"], mean=[0.0], scale=[1.0], weights=[0.0], bias=0.0)
+    with pytest.raises(ValueError, match="scales > 0"):
+        _trigger(scale=[0.0] * 12)
 
 
-def test_the_shipped_control_was_fitted_on_the_tuning_split():
+def test_the_shipped_control_was_fitted_on_the_tuning_split_and_tells_requests_apart():
     trigger = load_control_trigger()
     assert "tuning split" in trigger.trained_on and "compression" in trigger.trained_on
-    assert "bash" in trigger.tools and any(w != 0 for w in trigger.weights)
+    said = set()
+    for kind in sorted(SHIPPED):
+        for trajectory in load_trajectories(None, kind):
+            messages = trajectory["messages"]
+            for i in range(1, len(messages)):
+                if messages[i]["role"] == "assistant":
+                    conversation = split_conversation(messages[:i])
+                    said.add(trigger.compress(conversation.prefix, conversation.blocks, messages[:i]))
+    assert said == {True, False}
     assert msgspec.json.decode(msgspec.json.encode(trigger), type=ControlTrigger) == trigger

@@ -61,7 +61,7 @@ from vllm_pamer.core.policies.pamer.budget import (
 )
 from vllm_pamer.core.policies.pamer.compaction_memory import CompactionMemory
 from vllm_pamer.core.policies.pamer.config import BudgetConfig
-from vllm_pamer.core.policies.pamer.control_vote import load_control_trigger
+from vllm_pamer.core.policies.pamer.control_vote import control_says, load_control_trigger
 from vllm_pamer.core.policies.pamer.memory import (
     MASKED_KINDS,
     TURN_KINDS,
@@ -225,7 +225,7 @@ class BudgetSchedule:
         )
         control = None
         if self.control is not None and sent_tokens >= budget.band_low:  # read only where it can decide
-            control = self.control.compress(view.prefix, view.live, request.messages)
+            control = await control_says(self.control, request, store, notes)
         vote = band_vote(cfg, request.previous_vote, session, view.covered + len(view.live), control)
         why = trigger(budget, sent_tokens, fits, vote)
         plan = self.plan(view, budget, services) if why is not None else None

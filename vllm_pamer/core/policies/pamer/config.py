@@ -147,6 +147,8 @@ class BudgetConfig(PamerOptions, frozen=True):
             raise ValueError("budget_share must be in (0, 1], band_share in [0, 1), target_share in (0, 1)")
         if self.target_share >= 1 - self.band_share:
             raise ValueError("target_share must lie below the band (target_share < 1 - band_share)")
+        if self.control_trigger and self.band_vote != "control":
+            raise ValueError(f"control_trigger is read only with band_vote 'control', not {self.band_vote!r}")
         if not 0 <= self.kv_low < self.kv_high <= 1 or not 0 < self.kv_min_scale <= 1:
             raise ValueError("need 0 <= kv_low < kv_high <= 1 and 0 < kv_min_scale <= 1")
         if not 0 <= self.kv_share <= 1:

@@ -1,15 +1,17 @@
 """The metadata control as the band's trigger (``band_vote: control``): a
 logistic regression on what a request's text alone says (its length, how far
-the session has come, the last tool called), the control the heads are
-measured against in training (``training/controls.py``), put where the
-heads' vote decides. Issue 32's ablation (c): the heads earn their place only
-if they decide better than this.
+the session has come, the last tool called), of the kind the heads are
+measured against in training (``training/controls.py``: length + turn + tool
+type; that one counts with the served tokenizer and is refitted per split),
+put where the heads' vote decides. Issue 32's ablation (c): the heads earn
+their place only if they decide better than this.
 
 Pure: the same function makes the features of a trajectory's decision point
 in training (``training/control_trigger.py``) and of a request on the server,
-so the two cannot drift apart. Lengths are characters // 4 of the plain-text
-view (``core/text.py``), the annotator's ``--tokens chars`` count: no
-tokenizer, the same on every server.
+from the same view: the whole request as the client sent it (no memory
+covers a training point, so none is subtracted on the server either).
+Lengths are characters // 4 of the plain-text view (``core/text.py``), the
+annotator's ``--tokens chars`` count: no tokenizer, the same on every server.
 """
 
 from __future__ import annotations
@@ -21,14 +23,16 @@ from pathlib import Path
 import msgspec
 
 from vllm_pamer.core.blocks import Block, Message, split_recent
+from vllm_pamer.core.policies.base import PolicyRequest
+from vllm_pamer.core.store import MemoryStore
 from vllm_pamer.core.text import serialize_messages
 from vllm_pamer.core.view import flatten
 
-SHIPPED = Path(__file__).resolve().parents[3] / "data" / "control_trigger.json"
+SHIPPED_CONTROL = Path(__file__).resolve().parents[3] / "data" / "control_trigger.json"
 """The control trained on the tuning split (``vllm-pamer train-control``)."""
 
 NUMERIC = ("context_tokens", "recent_tokens", "old_tokens", "turn", "step")
-"""The numeric features, each as log1p and raw (``feature_vector``)."""
+"""The numeric features, each as log1p and value / 1000 (``feature_vector``)."""
 
 
 def _tokens(messages: Sequence[Message]) -> int:
@@ -38,10 +42,12 @@ def _tokens(messages: Sequence[Message]) -> int:
 def request_features(
     prefix: Sequence[Message], blocks: Sequence[Block], history: Sequence[Message], n_recent: int
 ) -> dict[str, float | str]:
-    """What the control reads of a request: ``prefix`` and ``blocks`` are what
-    it holds raw (on the server the live blocks, after any memory; in training
-    the whole request), ``history`` every message the client sent (the
-    session's progress)."""
+    """What the control reads of a request (``prefix`` and ``blocks``: its
+    split, ``history``: its messages): ``context_tokens`` of all of it,
+    ``recent_tokens`` of the prefix and the ``n_recent`` newest blocks (P + R),
+    ``old_tokens`` of the blocks before them (O, counted per block as the
+    annotator does), ``turn`` its user messages, ``step`` its assistant
+    messages, ``last_tool`` the last tool it called."""
     old, recent = split_recent(blocks, n_recent)
     last_tool = "<none>"
     for message in history:
@@ -90,16 +96,36 @@ class ControlTrigger(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         width = 2 * len(NUMERIC) + len(self.tools)
         if not len(self.mean) == len(self.scale) == len(self.weights) == width:
             raise ValueError(f"a control trigger over {width} features needs {width} means, scales and weights")
+        numbers = [*self.mean, *self.weights, self.bias, self.threshold]
+        if not all(math.isfinite(v) for v in numbers) or not all(math.isfinite(v) and v > 0 for v in self.scale):
+            raise ValueError("a control trigger's numbers must be finite and its scales > 0")
 
     def logit(self, features: dict[str, float | str]) -> float:
         x = feature_vector(features, self.tools)
-        return self.bias + sum(w * (v - m) / s for w, v, m, s in zip(self.weights, x, self.mean, self.scale))
+        return self.bias + sum(
+            w * (v - m) / s for w, v, m, s in zip(self.weights, x, self.mean, self.scale, strict=True)
+        )
 
     def compress(self, prefix: Sequence[Message], blocks: Sequence[Block], history: Sequence[Message]) -> bool:
         """Whether the control says compress for this request."""
         return self.logit(request_features(prefix, blocks, history, self.n_recent)) >= self.threshold
 
 
+async def control_says(
+    control: ControlTrigger, request: PolicyRequest, store: MemoryStore, notes: list[str]
+) -> bool | None:
+    """What ``control`` says of the whole request as the client sent it. A
+    control that fails decides nothing (an event says why), so the band's top
+    and the window still compact."""
+    conversation = request.conversation
+    try:
+        return control.compress(conversation.prefix, conversation.blocks, request.messages)
+    except Exception as exc:
+        notes.append(f"control trigger failed: {exc}")
+        await store.log_event(request.session_id, "control_failed", {"error": repr(exc)})
+        return None
+
+
 def load_control_trigger(path: str | Path | None = None) -> ControlTrigger:
     """The control of ``path`` (default: the shipped one)."""
-    return msgspec.json.decode(Path(path or SHIPPED).read_bytes(), type=ControlTrigger)
+    return msgspec.json.decode(Path(path or SHIPPED_CONTROL).read_bytes(), type=ControlTrigger)
