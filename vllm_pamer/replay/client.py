@@ -227,8 +227,7 @@ async def _streamed(
 
 
 def _unanswered(record: StepRecord, error: str, refused: bool) -> StepRecord:
-    """A request with no answer: ``beyond_window`` when the server refused it
-    (a 400, or a streamed error) for its length, else an ``error``."""
+    """No answer: ``beyond_window`` when refused (a 400, a streamed error) for its length, else ``error``."""
     record.error = error
     record.status = "beyond_window" if refused and CONTEXT_ERROR_RE.search(error) else "error"
     return record
