@@ -30,9 +30,11 @@ def policy_options(summary_tokens: int) -> dict[str, dict[str, Any]]:
         # written); the wider band also lets the vote fire from 0.8 of the budget and asks each
         # compaction to archive at least a fifth of it (budget_schedule.py, "large steps only")
         "pamer_ahead_wide": {"policy": "pamer", "summary_max_tokens": n, "write_ahead": True, "band_share": 0.2},
-        # the vote's ablations: no vote (the band's top), a seeded coin at the heads' rate: the
-        # shipped heads voted compress at 35 of the 40 requests inside the band on the tight
-        # mini-swe run (benchmarks/RESULTS.md, "The vote's ablation")
+        # the vote and its ablations: the heads' vote (the default until the ablation of
+        # 2026-12-06), no vote (the band's top: the default since; the name of the earlier runs),
+        # a seeded coin at the heads' rate: the shipped heads voted compress at 35 of the 40
+        # requests inside the band on the tight mini-swe run (benchmarks/RESULTS.md, "The vote's ablation")
+        "pamer_vote": {"policy": "pamer", "summary_max_tokens": n, "band_vote": "heads"},
         "pamer_band_top": {"policy": "pamer", "summary_max_tokens": n, "band_vote": "never"},
         "pamer_random_vote": {
             "policy": "pamer",

@@ -20,8 +20,10 @@ from vllm_pamer.core.policies.pamer.record import RECORD_HEADER
 from vllm_pamer.core.policies.summary_writer import MEMORY_HEADER
 from vllm_pamer.core.store import StoreError
 
-# conversation(n) is about 32 + 231 n tokens here; the budget below puts the band at 1,500-2,000
+# conversation(n) is about 32 + 231 n tokens here; the budget below puts the band at 1,500-2,000;
+# the heads' vote decides inside it (the tests of the vote; the default votes nothing: see below)
 BUDGET = {"context_budget": 2000, "band_share": 0.25, "target_share": 0.5, "record_share": 0.2, "memory_share": 0.35}
+BUDGET |= {"band_vote": "heads"}
 
 
 class Session:
@@ -423,6 +425,17 @@ def test_a_control_that_fails_decides_nothing_and_the_band_s_top_still_compacts(
     inside = session.send(conversation(7), session="a")
     assert inside.action == "none" and inside.fallback_rule is None
     assert session.send(conversation(9), session="b").schedule.trigger == "top_of_band"
-    assert [e["detail"]["error"] for e in blocking(store).events("a") if e["kind"] == "control_failed"] == [
-        "RuntimeError('broken control')"
-    ]
+    events = blocking(store).events("a")
+    assert [e["detail"]["error"] for e in events if e["kind"] == "control_failed"] == ["RuntimeError('broken control')"]
+    assert "probe_missing" not in [e["kind"] for e in events]  # no heads' vote was asked for
+
+
+def test_by_default_nothing_votes_inside_the_band_and_its_top_compacts(store):
+    """The default since the vote's ablation (RESULTS): a compress vote inside
+    the band compacts nothing; the band's top does, whatever the vote."""
+    options = {k: v for k, v in BUDGET.items() if k != "band_vote"}
+    policy = create_policy("pamer", options)
+    assert policy.config.band_vote == "never"
+    session = Session(store, band_vote=policy.config.band_vote)
+    assert session.send(conversation(7), vote=COMPRESS).action == "none"
+    assert session.send(conversation(9), vote=KEEP).schedule.trigger == "top_of_band"

@@ -8,8 +8,10 @@ rarely and remove much. The schedule has a context *budget* in tokens and a
 *band* below it:
 
 * below the band: never compact;
-* inside the band: compact when the heads' vote says compress (the learned
-  trigger picks the moment: a point where the old history is stale);
+* inside the band: compact when the band's vote says compress
+  (``band_vote``: by default nothing votes, so the band only waits for a large
+  step; the heads' vote, a seeded coin or the metadata control can pick the
+  moment instead);
 * at the top of the band, or when the request would not fit the window:
   compact regardless;
 * a compaction archives old blocks until what is sent falls to ``target``,

@@ -242,7 +242,8 @@ class BudgetSchedule:
             kv_usage=kv,
             kv_share=budget.budget if budget.shared else None,
         )
-        if why is None and vote is None and sent_tokens >= budget.band_low and self.expects_vote:  # heads only
+        heads_vote = self.expects_vote and cfg.band_vote == "heads"
+        if why is None and vote is None and sent_tokens >= budget.band_low and heads_vote:
             notes.append("no vote captured (probe failure): no compaction inside the band")
             await store.log_event(session, "probe_missing", {"sent_tokens": sent_tokens})
         if plan is None or len(view.live) <= cfg.retained_blocks:

@@ -77,13 +77,15 @@ class BudgetConfig(PamerOptions, frozen=True):
     """KV-cache usage at which the budget has shrunk to ``kv_min_scale``."""
     kv_min_scale: float = 0.5
     """The smallest share of the budget KV pressure leaves."""
-    band_vote: Literal["heads", "never", "random", "control"] = "heads"
-    """What decides inside the band: the heads' vote; nothing (``never``: a
-    compaction only at the band's top or the window); a coin seeded by the
-    session and its step, firing at ``random_vote_rate``; or the metadata
-    control (``control``: length, progress and the last tool,
-    ``control_vote.py``). The last three are the ablations that show what the
-    heads' vote decides."""
+    band_vote: Literal["heads", "never", "random", "control"] = "never"
+    """What decides inside the band: nothing (``never``: a compaction only at
+    the band's top or the window); the heads' vote (``heads``); a coin seeded
+    by the session and its step, firing at ``random_vote_rate``; or the
+    metadata control (``control``: length, progress and the last tool,
+    ``control_vote.py``). ``never`` by default: on the server the heads' vote
+    read no more than a coin at its rate and less than no vote, at more
+    prefill (``benchmarks/RESULTS.md``, "The vote's ablation"); the heads'
+    state still chooses the memories recalled."""
     control_trigger: str = ""
     """``band_vote: control``: the fitted control's file (``vllm-pamer
     train-control``); empty: the shipped one, fitted on the tuning split."""
