@@ -24,6 +24,12 @@ def serialize_messages(messages: Sequence[Message]) -> str:
     return "\n".join(lines)
 
 
+def char_tokens(messages: Sequence[Message]) -> int:
+    """Characters of the plain-text view // 4: a token count with no tokenizer
+    (the annotator's ``--tokens chars``, the metadata control's lengths)."""
+    return len(serialize_messages(messages)) // 4
+
+
 HISTORY_GAP = "\n[... middle of the history omitted ...]\n"
 
 

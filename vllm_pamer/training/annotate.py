@@ -40,7 +40,7 @@ from typing import Any, Protocol, runtime_checkable
 import msgspec
 
 from vllm_pamer.core.blocks import Conversation, Message, block_id, split_conversation
-from vllm_pamer.core.text import serialize_messages
+from vllm_pamer.core.text import char_tokens, serialize_messages
 from vllm_pamer.salient import action_values, message_text, occurs
 
 CountTokens = Callable[[Sequence[Message]], int]
@@ -54,10 +54,10 @@ CountTokens = Callable[[Sequence[Message]], int]
 # so its labels depend on no template and its documented counts stay as measured.
 
 
-def char_counter(messages: Sequence[Message]) -> int:
-    """Characters of the plain-text view // 4: no tokenizer at all (tests,
-    ``--tokens chars``), close enough for the rule's 1024-token threshold."""
-    return len(serialize_messages(messages)) // 4
+char_counter: CountTokens = char_tokens
+"""Characters of the plain-text view // 4 (``core/text.py``): no tokenizer at
+all (tests, ``--tokens chars``, the metadata control's own count), close
+enough for the rule's 1024-token threshold."""
 
 
 def _text_encoder(path: str | Path) -> Callable[[str], int]:

@@ -25,7 +25,7 @@ import msgspec
 from vllm_pamer.core.blocks import Block, Message, split_recent
 from vllm_pamer.core.policies.base import PolicyRequest
 from vllm_pamer.core.store import MemoryStore
-from vllm_pamer.core.text import serialize_messages
+from vllm_pamer.core.text import char_tokens
 from vllm_pamer.core.view import flatten
 
 SHIPPED_CONTROL = Path(__file__).resolve().parents[3] / "data" / "control_trigger.json"
@@ -33,10 +33,6 @@ SHIPPED_CONTROL = Path(__file__).resolve().parents[3] / "data" / "control_trigge
 
 NUMERIC = ("context_tokens", "recent_tokens", "old_tokens", "turn", "step")
 """The numeric features, each as log1p and value / 1000 (``feature_vector``)."""
-
-
-def _tokens(messages: Sequence[Message]) -> int:
-    return len(serialize_messages(messages)) // 4
 
 
 def request_features(
@@ -54,9 +50,9 @@ def request_features(
         for call in message.get("tool_calls") or []:
             last_tool = (call.get("function") or {}).get("name") or last_tool
     return {
-        "context_tokens": float(_tokens([*prefix, *flatten(blocks)])),
-        "recent_tokens": float(_tokens([*prefix, *flatten(recent)])),
-        "old_tokens": float(sum(_tokens(b.messages) for b in old)),  # per block, as the annotator counts
+        "context_tokens": float(char_tokens([*prefix, *flatten(blocks)])),
+        "recent_tokens": float(char_tokens([*prefix, *flatten(recent)])),
+        "old_tokens": float(sum(char_tokens(b.messages) for b in old)),  # per block, as the annotator counts
         "turn": float(sum(1 for m in history if m.get("role") == "user")),
         "step": float(sum(1 for m in history if m.get("role") == "assistant")),
         "last_tool": last_tool,
