@@ -14,6 +14,7 @@ from vllm_pamer.core.blocks import (
     MalformedRequest,
     block_id,
     check_message_shape,
+    last_tool,
     protocol_issues,
     split_conversation,
 )
@@ -234,3 +235,19 @@ def test_a_block_repeated_word_for_word_has_an_id_of_its_own_that_stays():
     assert len(set(ids)) == 3 and ids[0] == block_id(step)  # a first occurrence hashes its content alone
     longer = [b.block_id for b in split_conversation([*messages, *step]).blocks]
     assert longer[:3] == ids  # the agent resends the history: the ids of its blocks stay
+
+
+def test_last_tool_is_the_newest_named_call():
+    def call(name):
+        return {"type": "function", "function": {"name": name, "arguments": "{}"}}
+
+    messages = [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": "", "tool_calls": [call("search"), call("read")]},
+        {"role": "tool", "content": "x"},
+        {"role": "assistant", "content": "", "tool_calls": [call(""), {"function": None}]},
+        {"role": "tool", "content": "y"},
+    ]
+    assert last_tool(messages) == "read"  # calls without a name are passed over
+    assert last_tool(messages[:1]) is None
+    assert last_tool([*messages, {"role": "assistant", "tool_calls": [call("bash")]}]) == "bash"

@@ -90,6 +90,18 @@ def split_recent(blocks: Sequence[Block], n_recent: int) -> tuple[tuple[Block, .
     return tuple(blocks[:cut]), tuple(blocks[cut:])
 
 
+def last_tool(messages: Sequence[Message]) -> str | None:
+    """The name of the last tool ``messages`` call (None: none called). The
+    metadata control (``policies/pamer/control_vote.py``) reads it of a request,
+    the annotator (``training/annotate.py``) of each decision point: one rule."""
+    for message in reversed(messages):
+        for call in reversed(message.get("tool_calls") or []):
+            name = (call.get("function") or {}).get("name") if isinstance(call, dict) else None
+            if name:
+                return str(name)
+    return None
+
+
 def check_message_shape(messages: Any) -> list[Message]:
     """Raise MalformedRequest unless ``messages`` is a non-empty list of chat
     messages with known roles. Content may be a string, a list of parts or null

@@ -39,7 +39,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
-from vllm_pamer.core.blocks import Conversation, Message, block_id, split_conversation
+from vllm_pamer.core.blocks import Conversation, Message, block_id, last_tool, split_conversation
 from vllm_pamer.core.text import char_tokens, serialize_messages
 from vllm_pamer.salient import action_values, message_text, occurs
 
@@ -211,7 +211,6 @@ def _contexts(
 
     contexts: list[DecisionContext] = []
     users = 0
-    last_tool: str | None = None
     for i, message in enumerate(messages):
         role = message.get("role")
         if role == "assistant" and i > 0:
@@ -228,13 +227,11 @@ def _contexts(
                     n_recent_blocks=n_blocks - cut,
                     old_tokens=cumulative[cut],
                     turn=users,
-                    last_tool=last_tool,
+                    last_tool=last_tool(messages[:i]),
                 )
             )
         if role == "user":
             users += 1
-        for call in message.get("tool_calls") or []:
-            last_tool = (call.get("function") or {}).get("name") or last_tool
     return contexts
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import msgspec
 
-from vllm_pamer.core.blocks import Block, Message, split_recent
+from vllm_pamer.core.blocks import Block, Message, last_tool, split_recent
 from vllm_pamer.core.policies.base import PolicyRequest
 from vllm_pamer.core.store import MemoryStore
 from vllm_pamer.core.text import char_tokens
@@ -45,17 +45,13 @@ def request_features(
     annotator does), ``turn`` its user messages, ``step`` its assistant
     messages, ``last_tool`` the last tool it called."""
     old, recent = split_recent(blocks, n_recent)
-    last_tool = "<none>"
-    for message in history:
-        for call in message.get("tool_calls") or []:
-            last_tool = (call.get("function") or {}).get("name") or last_tool
     return {
         "context_tokens": float(char_tokens([*prefix, *flatten(blocks)])),
         "recent_tokens": float(char_tokens([*prefix, *flatten(recent)])),
         "old_tokens": float(sum(char_tokens(b.messages) for b in old)),  # per block, as the annotator counts
         "turn": float(sum(1 for m in history if m.get("role") == "user")),
         "step": float(sum(1 for m in history if m.get("role") == "assistant")),
-        "last_tool": last_tool,
+        "last_tool": last_tool(history) or "<none>",
     }
 
 
