@@ -13,6 +13,7 @@ from vllm_pamer.core.blocks import protocol_issues, split_conversation
 from vllm_pamer.core.policies.pamer.plus import EVIDENCE_HEADER
 from vllm_pamer.core.policies.sam import CUES_HEADER
 from vllm_pamer.core.policies.summary_writer import MEMORY_HEADER
+from vllm_pamer.replay.compactions import tally
 from vllm_pamer.trajectories import agent_requests, load_trajectories
 
 pytestmark = pytest.mark.e2e
@@ -140,3 +141,14 @@ def test_sam_blocks_leave_only_into_pages(runs, compress_server):
         assert page["embedder"] == "sam-page" and page["summary"] and page["covered_block_ids"], page
         assert "embedding" not in page and page["embedding_dim"] == 1
     assert len(paged) == sum(len(page["covered_block_ids"]) for page in session["memories"])  # no block twice
+
+
+def test_every_compaction_started_on_the_server_ended(runs, compress_server):
+    """The replay's audit (``replay/compactions.py``) on the real server's
+    events: PaMER's compactions began and ended, none left open."""
+    for policy in ("pamer_conversation",):
+        url = f"{compress_server.base_url}/pamer/sessions/policies-{policy}"
+        events = requests.get(url, params={"events": 1_000_000}, timeout=30).json()["events"]
+        counts = tally(events)
+        assert counts["started"] > 0 and counts["unended"] == 0, (policy, counts)
+        assert counts["started"] == counts["compressed"] + counts["abandoned"] + counts["failed"], counts

@@ -47,3 +47,19 @@ def fallback_rule(action: str) -> Fallback | None:
     if not action.startswith(FALLBACK_PREFIX):
         return None
     return Fallback(action[len(FALLBACK_PREFIX) :])
+
+
+COMPACTION_ENDS = frozenset(
+    {
+        "compressed",
+        "compression_abandoned",
+        Fallback.SUMMARY_FAILURE.value,
+        Fallback.EMBEDDING_FAILURE.value,
+        Fallback.STORAGE_FAILURE.value,
+        Fallback.POLICY_ERROR.value,
+    }
+)
+"""The store events that end a ``compression_started`` (the schedules of
+``core/policies/pamer/``): the memory committed, the compaction given up
+(nothing stored), or a failure by one of these rules. A start without one
+is a compaction that lost track of itself (issue 33)."""

@@ -91,6 +91,9 @@ class RunSummary(msgspec.Struct, kw_only=True):
     """After minus before, per Prometheus sample (``name{labels}``)."""
     kv_usage_peak: float | None = None
     """Highest ``vllm:kv_cache_usage_perc`` sampled during the run (0-1)."""
+    compactions: dict[str, int] | None = None
+    """Its sessions' compactions begun and ended, from the store's events
+    (``compactions.COUNTS``); None: not read (runs before it was)."""
 
 
 class PolicyRow(msgspec.Struct, kw_only=True):

@@ -54,6 +54,7 @@ from typing import Any
 import msgspec
 
 from vllm_pamer.replay import prometheus
+from vllm_pamer.replay.compactions import compaction_table
 from vllm_pamer.replay.evidence import FrontierPoint, Reading, recency_at, recency_frontier
 from vllm_pamer.replay.latency import latency_notes, latency_table
 from vllm_pamer.replay.paired import paired_rows, paired_table
@@ -373,6 +374,8 @@ def write_report(
     if table := latency_table(records):
         parts += [latency_notes(records), table + "\n"]
     if paired is not None and (table := paired_table(paired_rows(paired, rows, records))):
+        parts.append(table + "\n")
+    if table := compaction_table(runs):
         parts.append(table + "\n")
     kinds = sorted({run.kind for run in runs if run.kind})
     if len(kinds) > 1:

@@ -31,6 +31,7 @@ from typing import Any
 import msgspec
 
 from vllm_pamer.replay.client import ReplaySettings, TrajectoryPlan, connect, replay_policy
+from vllm_pamer.replay.compactions import read_compactions
 from vllm_pamer.replay.records import RunSummary, StepRecord
 from vllm_pamer.server_process import ServerProcess
 
@@ -270,6 +271,7 @@ async def run_units(
                 print(f"{group} ({len(plans)} trajectories, {sum(len(p.steps) for p in plans)} requests): {policy}")
                 records, run = await replay_policy(client, settings, model, policy, plans)
                 run.group = group
+                run.compactions = await read_compactions(client, settings.url, (r.session_id for r in records))
                 store.add(Unit(run, records))
                 ran += 1
     return ran

@@ -279,6 +279,11 @@ async def _pass_through(
     return await api.respond(result, None, {"X-Pamer-Action": rule.action})
 
 
+SESSION_EVENTS = 100
+"""The session route's newest events shown, unless ``?events=N`` asks for
+another number (more than the store keeps of a session: all it keeps)."""
+
+
 @router.get("/pamer/sessions/{session_id}")
 async def session_info(session_id: str, raw_request: Request) -> Response:
     state: ServerState = raw_request.app.state.pamer
@@ -288,10 +293,17 @@ async def session_info(session_id: str, raw_request: Request) -> Response:
         key = state.access.session_key(raw_request.headers, check_session_id(session_id))
     except BadSessionId as exc:
         return error_response(400, str(exc))
+    shown = raw_request.query_params.get("events", str(SESSION_EVENTS))
+    if not (shown.isascii() and shown.isdigit() and len(shown) <= 9 and int(shown) >= 1):
+        return error_response(400, f"events must be a whole number of at least 1, not {shown!r}")
     try:
         session = await state.peek_session(key)
         loaded = await state.store.load(key)
-        events = await state.store.events(key) if session is not None or loaded.memories else []
+        events = (
+            await state.store.events(key, min(int(shown), state.settings.store_limits.session_events))
+            if session is not None or loaded.memories
+            else []
+        )
     except StoreError as exc:  # the store's fault, not the caller's: they may retry
         return error_response(503, f"the memory store could not be read: {exc}")
     if session is None and not loaded.memories:

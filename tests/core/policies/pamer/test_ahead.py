@@ -14,6 +14,7 @@ import numpy as np
 
 from tests.support.fakes import KEEP, FakeEngine, conversation
 from vllm_pamer.core.blocks import protocol_issues, split_conversation
+from vllm_pamer.core.fallback import COMPACTION_ENDS
 from vllm_pamer.core.pipeline import rewrite_request
 from vllm_pamer.core.policies import PolicyContext, PolicyRequest, create_policy
 from vllm_pamer.core.policies.pamer.ahead import AheadWrites, _InFlight
@@ -38,22 +39,12 @@ class Session:
         return await rewrite_request(self.policy, request)
 
 
-ENDS = (
-    "compressed",
-    "compression_abandoned",
-    "summary_failure",
-    "embedding_failure",
-    "storage_failure",
-    "policy_error",
-)
-
-
 def _ends(events):
     """Every compression_started is followed by its end (compressed, abandoned or a failure)."""
     started = ends = 0
     for event in events:
         started += event["kind"] == "compression_started"
-        ends += event["kind"] in ENDS
+        ends += event["kind"] in COMPACTION_ENDS
     return started, ends
 
 

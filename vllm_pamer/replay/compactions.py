@@ -1,0 +1,83 @@
+"""Did every compaction a replay started end? Read from the server's own
+store events (``GET /pamer/sessions/{id}``), after a policy's run: each
+``compression_started`` must be followed by one of ``COMPACTION_ENDS``
+(``core/fallback.py``) before the session's next start. A memory written
+ahead (``write_ahead``) whose session sent no request after it is still in
+flight when the replay ends: counted apart, not as a fault.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import httpx
+
+from vllm_pamer.core.fallback import COMPACTION_ENDS
+from vllm_pamer.replay.records import RunSummary
+
+COUNTS = ("started", "compressed", "abandoned", "failed", "in_flight", "unended")
+"""What ``tally`` counts: starts; their ends by kind (a failure: any rule of
+``COMPACTION_ENDS``); starts written ahead still open at the session's end;
+and starts that never ended (a fault)."""
+EVENTS_READ = 1_000_000
+"""Events asked for per session: all the store keeps (``StoreLimits.session_events``)."""
+
+
+def tally(events: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """The ``COUNTS`` of one session's events, oldest first."""
+    counts = dict.fromkeys(COUNTS, 0)
+    open_ahead: bool | None = None  # None: no compaction open
+    for event in events:
+        kind = event.get("kind")
+        if kind == "compression_started":
+            if open_ahead is not None:  # a second start before the first ended
+                counts["unended"] += 1
+            counts["started"] += 1
+            open_ahead = bool((event.get("detail") or {}).get("ahead"))
+        elif kind in COMPACTION_ENDS and open_ahead is not None:
+            ending = {"compressed": "compressed", "compression_abandoned": "abandoned"}.get(str(kind), "failed")
+            counts[ending] += 1
+            open_ahead = None
+    if open_ahead is not None:
+        counts["in_flight" if open_ahead else "unended"] += 1
+    return counts
+
+
+async def read_compactions(client: httpx.AsyncClient, url: str, sessions: Iterable[str]) -> dict[str, int] | None:
+    """``tally`` summed over ``sessions`` (a session the server does not know
+    had no event); None when the server does not serve its session route."""
+    total = dict.fromkeys(COUNTS, 0)
+    for session in sorted(set(sessions)):
+        response = await client.get(f"{url}/pamer/sessions/{session}", params={"events": EVENTS_READ})
+        if response.status_code == 404 and "session routes are off" in response.text:
+            return None
+        if response.status_code == 404:
+            continue
+        response.raise_for_status()
+        for name, value in tally(response.json().get("events") or []).items():
+            total[name] += value
+    return total
+
+
+def compaction_table(runs: Iterable[RunSummary]) -> str:
+    """Per policy, the ``COUNTS`` summed over its runs that read them
+    (``RunSummary.compactions``); empty when no run did."""
+    totals: dict[str, dict[str, int]] = {}
+    for run in runs:
+        if run.compactions is None:
+            continue
+        row = totals.setdefault(run.policy, dict.fromkeys(COUNTS, 0))
+        for name in COUNTS:
+            row[name] += run.compactions.get(name, 0)
+    if not any(row["started"] for row in totals.values()):
+        return ""
+    lines = [
+        "\nCompactions begun and ended, from the server's store events of the run's sessions "
+        "(`replay/compactions.py`): every start must end (committed, abandoned or a failure "
+        "rule) before the next; *in flight*: a memory written ahead with no request after it.\n",
+        "| policy | " + " | ".join(COUNTS) + " |",
+        "|---|" + "---|" * len(COUNTS),
+    ]
+    lines += [f"| {policy} | " + " | ".join(str(row[n]) for n in COUNTS) + " |" for policy, row in totals.items()]
+    return "\n".join(lines)
