@@ -18,8 +18,8 @@ from vllm_pamer.trajectories import in_split, load_trajectories
 def test_a_planted_rule_on_the_request_s_length_is_ranked():
     rng = np.random.default_rng(0)
     features = [
-        {"context_tokens": float(c), "recent_tokens": 300.0, "old_tokens": float(c) - 300, "turn": 1.0}
-        | {"step": float(rng.integers(1, 40)), "last_tool": str(rng.choice(["bash", "think"]))}
+        {"context_tokens": float(c), "kept_tokens": 300.0, "old_tokens": float(c) - 300, "turn": 1.0}
+        | {"assistant_turns": float(rng.integers(1, 40)), "last_tool": str(rng.choice(["bash", "think"]))}
         for c in rng.integers(1000, 6000, size=200)
     ]
     labels = np.asarray([int(f["context_tokens"] > 4000) for f in features])

@@ -35,7 +35,7 @@ def test_a_request_s_features_are_what_the_annotator_counts_at_its_decision_poin
         assert features["old_tokens"] == point.old_tokens
         assert features["turn"] == point.turn
         assert features["last_tool"] == (point.last_tool or "<none>")
-        assert features["step"] == sum(1 for m in request if m["role"] == "assistant")
+        assert features["assistant_turns"] == sum(1 for m in request if m["role"] == "assistant")
         assert features["context_tokens"] == len(serialize_messages(request)) // 4
 
 
@@ -46,12 +46,12 @@ def _trigger(**fields) -> ControlTrigger:
 
 
 def test_the_logit_is_the_weighted_standardized_features_plus_the_bias():
-    features = {"context_tokens": 3000, "recent_tokens": 500, "old_tokens": 2000, "turn": 1, "step": 12}
+    features = {"context_tokens": 3000, "kept_tokens": 500, "old_tokens": 2000, "turn": 1, "assistant_turns": 12}
     features |= {"last_tool": "bash"}
     x = feature_vector(features, ["bash", "<none>"])
     assert x[:2] == [math.log1p(3000), 3.0] and x[-2:] == [1.0, 0.0]
     weights = [0.0] * len(x)
-    weights[NUMERIC.index("step") * 2 + 1] = 100.0  # step / 1000, so 1.2 here
+    weights[NUMERIC.index("assistant_turns") * 2 + 1] = 100.0  # assistant_turns / 1000, so 1.2 here
     trigger = _trigger(weights=weights, bias=-1.0, mean=[0.0] * len(x), scale=[2.0] * len(x))
     assert trigger.logit(features) == pytest.approx(-1.0 + 100.0 * 0.012 / 2.0)
     assert trigger.logit({**features, "last_tool": "python"}) == trigger.logit(features)  # unseen tool: no column

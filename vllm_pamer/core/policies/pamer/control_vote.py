@@ -31,7 +31,7 @@ from vllm_pamer.core.view import flatten
 SHIPPED_CONTROL = Path(__file__).resolve().parents[3] / "data" / "control_trigger.json"
 """The control trained on the tuning split (``vllm-pamer train-control``)."""
 
-NUMERIC = ("context_tokens", "recent_tokens", "old_tokens", "turn", "step")
+NUMERIC = ("context_tokens", "kept_tokens", "old_tokens", "turn", "assistant_turns")
 """The numeric features, each as log1p and value / 1000 (``feature_vector``)."""
 
 
@@ -40,17 +40,17 @@ def request_features(
 ) -> dict[str, float | str]:
     """What the control reads of a request (``prefix`` and ``blocks``: its
     split, ``history``: its messages): ``context_tokens`` of all of it,
-    ``recent_tokens`` of the prefix and the ``n_recent`` newest blocks (P + R),
+    ``kept_tokens`` of the prefix and the ``n_recent`` newest blocks (P + R),
     ``old_tokens`` of the blocks before them (O, counted per block as the
-    annotator does), ``turn`` its user messages, ``step`` its assistant
+    annotator does), ``turn`` its user messages, ``assistant_turns`` its assistant
     messages, ``last_tool`` the last tool it called."""
     old, recent = split_recent(blocks, n_recent)
     return {
         "context_tokens": float(char_tokens([*prefix, *flatten(blocks)])),
-        "recent_tokens": float(char_tokens([*prefix, *flatten(recent)])),
+        "kept_tokens": float(char_tokens([*prefix, *flatten(recent)])),
         "old_tokens": float(sum(char_tokens(b.messages) for b in old)),  # per block, as the annotator counts
         "turn": float(sum(1 for m in history if m.get("role") == "user")),
-        "step": float(sum(1 for m in history if m.get("role") == "assistant")),
+        "assistant_turns": float(sum(1 for m in history if m.get("role") == "assistant")),
         "last_tool": last_tool(history) or "<none>",
     }
 
