@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from vllm_pamer.replay.compactions import compaction_table, tally
+import asyncio
+
+import httpx
+
+from vllm_pamer.replay.compactions import EVENTS_READ, compaction_table, read_compactions, tally
 from vllm_pamer.replay.records import RunSummary
 
 
@@ -50,3 +54,39 @@ def test_the_table_sums_runs_by_policy_and_skips_runs_that_did_not_read_events()
     table = compaction_table([run("pamer", one), run("pamer", one), run("recent_k", None)])
     assert "| pamer | 2 | 2 | 0 | 0 | 0 | 0 |" in table and "recent_k" not in table
     assert compaction_table([run("recent_k", None)]) == ""
+
+
+def _read(handler, sessions):
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            return await read_compactions(client, "http://server/", sessions)
+
+    return asyncio.run(go())
+
+
+def test_sessions_are_read_from_the_route_and_an_unknown_one_had_no_event():
+    bodies = {
+        "a": {"events": _events("compression_started", "compressed"), "memory_in_flight": None},
+        "b": {"events": _events("compression_started+ahead"), "memory_in_flight": {"blocks": 3}},
+        "c": {"events": _events("compression_started+ahead"), "memory_in_flight": None},  # dropped by the server
+    }
+
+    def handler(request):
+        session = request.url.path.rsplit("/", 1)[-1]
+        assert request.url.params["events"] == str(EVENTS_READ)
+        if session not in bodies:
+            return httpx.Response(404, json={"error": {"message": f"no session {session!r}"}})
+        return httpx.Response(200, json=bodies[session])
+
+    counts = _read(handler, ["a", "b", "c", "d", "a"])
+    assert counts == {"started": 3, "compressed": 1, "abandoned": 0, "failed": 0, "in_flight": 1, "unended": 1}
+
+
+def test_a_route_that_cannot_be_read_leaves_the_run_without_the_tally():
+    def off(request):
+        return httpx.Response(404, json={"error": {"message": "the session routes are off on this server"}})
+
+    def timing_out(request):
+        raise httpx.ReadTimeout("slow", request=request)
+
+    assert _read(off, ["a"]) is None and _read(timing_out, ["a"]) is None

@@ -2,8 +2,12 @@
 store events (``GET /pamer/sessions/{id}``), after a policy's run: each
 ``compression_started`` must be followed by one of ``COMPACTION_ENDS``
 (``core/fallback.py``) before the session's next start. A memory written
-ahead (``write_ahead``) whose session sent no request after it is still in
-flight when the replay ends: counted apart, not as a fault.
+ahead (``write_ahead``) whose session sent no request after it, and that the
+server still holds (the route's ``memory_in_flight``), is in flight when the
+replay ends: counted apart, not as a fault. Only the schedules that log
+``compression_started`` (PaMER's) are counted; an end logged by another of
+the session's requests while a memory is written ahead (a store read that
+failed) ends it here too.
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ EVENTS_READ = 1_000_000
 """Events asked for per session: all the store keeps (``StoreLimits.session_events``)."""
 
 
-def tally(events: Sequence[Mapping[str, Any]]) -> dict[str, int]:
-    """The ``COUNTS`` of one session's events, oldest first."""
+def tally(events: Sequence[Mapping[str, Any]], held: bool = True) -> dict[str, int]:
+    """The ``COUNTS`` of one session's events, oldest first; ``held``: the
+    server still holds a memory written ahead for it (else one left open is unended)."""
     counts = dict.fromkeys(COUNTS, 0)
     open_ahead: bool | None = None  # None: no compaction open
     for event in events:
@@ -40,22 +45,28 @@ def tally(events: Sequence[Mapping[str, Any]]) -> dict[str, int]:
             counts[ending] += 1
             open_ahead = None
     if open_ahead is not None:
-        counts["in_flight" if open_ahead else "unended"] += 1
+        counts["in_flight" if open_ahead and held else "unended"] += 1
     return counts
 
 
 async def read_compactions(client: httpx.AsyncClient, url: str, sessions: Iterable[str]) -> dict[str, int] | None:
     """``tally`` summed over ``sessions`` (a session the server does not know
-    had no event); None when the server does not serve its session route."""
+    had no event); None when they could not all be read (the session route
+    off, the store or the network failing): the run's records stand without it."""
     total = dict.fromkeys(COUNTS, 0)
     for session in sorted(set(sessions)):
-        response = await client.get(f"{url}/pamer/sessions/{session}", params={"events": EVENTS_READ})
-        if response.status_code == 404 and "session routes are off" in response.text:
+        try:
+            response = await client.get(
+                f"{url.rstrip('/')}/pamer/sessions/{session}", params={"events": EVENTS_READ}, timeout=30
+            )
+            if response.status_code == 404 and "no session" in response.text:
+                continue
+            response.raise_for_status()
+            body = response.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            print(f"compactions not read ({session}: {exc}); the run is kept without them")
             return None
-        if response.status_code == 404:
-            continue
-        response.raise_for_status()
-        for name, value in tally(response.json().get("events") or []).items():
+        for name, value in tally(body.get("events") or [], body.get("memory_in_flight") is not None).items():
             total[name] += value
     return total
 

@@ -9,6 +9,7 @@ memory whose blocks are no longer the oldest is abandoned. Every
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import numpy as np
 
@@ -236,3 +237,28 @@ def test_a_failed_memory_written_ahead_then_a_failed_inline_one_end_once_each(st
     assert len(calls) == 2 and last.messages == conversation(36), kinds
     assert kinds.count("compression_started") == 2 and _ends(events) == (2, 2), kinds
     assert kinds.count("policy_error") == 1
+
+
+def test_a_compaction_whose_client_went_away_still_ends_with_an_event(store):
+    """vLLM's route cancels the handler when its client disconnects: a
+    compaction cancelled while its summary is written logs its end
+    (``compression_abandoned``, reason ``cancelled``), inline and written ahead alike."""
+    for write_ahead, session in ((False, "inline"), (True, "ahead")):
+
+        async def scenario():
+            agent = Session(store, FakeEngine(window=8192, summary_delay=5.0), write_ahead=write_ahead, session=session)
+            if write_ahead:
+                await agent.send(conversation(9))  # the band's top: the memory is written ahead
+                request = asyncio.ensure_future(agent.send(conversation(36)))  # past the window: waits for it
+            else:
+                request = asyncio.ensure_future(agent.send(conversation(9)))  # compacts inline
+            await asyncio.sleep(0.3)
+            request.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await request
+            return await store.events(session)
+
+        events = asyncio.run(scenario())
+        kinds = [e["kind"] for e in events]
+        assert _ends(events) == (1, 1), kinds
+        assert events[-1]["kind"] == "compression_abandoned" and events[-1]["detail"] == {"reason": "cancelled"}, kinds

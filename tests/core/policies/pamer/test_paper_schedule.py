@@ -499,3 +499,22 @@ def test_pamer_recall_text_stays_identical_while_the_query_drifts(store):
     assert plain[0] != plain[1] and plain_ids[0] != plain_ids[1]
     assert stable[0] == stable[1] == plain[0]
     assert stable_ids[0] == stable_ids[1] == plain_ids[0]
+
+
+def test_a_compression_whose_client_went_away_still_ends_with_an_event(store):
+    """A compression cancelled while its summary is written (the route cancels
+    the handler of a client that disconnected) logs its end."""
+    policy = create_policy("pamer", {"schedule": "paper"})
+
+    async def scenario():
+        context = PolicyContext(store, FakeEngine(summary_delay=5.0))
+        request = asyncio.ensure_future(rewrite_request(policy, asked(conversation(8), COMPRESS, context)))
+        await asyncio.sleep(0.3)
+        request.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await request
+        return await store.events("s1")
+
+    events = asyncio.run(scenario())
+    assert [e["kind"] for e in events] == ["compression_started", "compression_abandoned"]
+    assert events[-1]["detail"] == {"reason": "cancelled"}

@@ -24,10 +24,8 @@ Any failure sends the original request; nothing is removed before it is stored.
 
 from __future__ import annotations
 
-import functools
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Callable
 
 import msgspec
 from cachetools import LRUCache, TTLCache
@@ -59,6 +57,7 @@ from vllm_pamer.core.policies.pamer.budget import (
     kv_share_tokens,
     trigger,
 )
+from vllm_pamer.core.policies.pamer.compaction_end import ends_with_an_event
 from vllm_pamer.core.policies.pamer.compaction_memory import CompactionMemory
 from vllm_pamer.core.policies.pamer.config import BudgetConfig
 from vllm_pamer.core.policies.pamer.control_vote import control_says, load_control_trigger
@@ -75,31 +74,6 @@ from vllm_pamer.core.policies.pamer.shown import ShownMemories
 from vllm_pamer.core.policies.summary_writer import StepFailure, step_details
 from vllm_pamer.core.store import Memory, StoreError
 from vllm_pamer.core.view import ContextView, context_view, flatten
-
-_Compact = Callable[..., Awaitable[PolicyDecision]]
-_ENDED = "_pamer_compaction_ended"
-"""Set on an error once its compaction's end event is logged."""
-
-
-def _ends_with_an_event(compact: _Compact) -> _Compact:
-    """An error of ``compact`` that no fallback rule names still ends the
-    compaction with an event (every ``compression_started`` has its end),
-    then goes on to the pipeline, which sends the original request."""
-
-    @functools.wraps(compact)
-    async def guarded(
-        schedule: BudgetSchedule, request: PolicyRequest, context: PolicyContext, *args: Any, **kwargs: Any
-    ) -> PolicyDecision:
-        try:
-            return await compact(schedule, request, context, *args, **kwargs)
-        except Exception as exc:
-            if not getattr(exc, _ENDED, False):  # a window re-compaction inside it already said so
-                setattr(exc, _ENDED, True)
-                error = {"error": f"{type(exc).__name__}: {exc}"}
-                await context.store.log_event(request.session_id, Fallback.POLICY_ERROR.value, error)
-            raise
-
-    return guarded
 
 
 class BudgetSchedule:
@@ -286,7 +260,7 @@ class BudgetSchedule:
             schedule=choice.report,
         )
 
-    @_ends_with_an_event
+    @ends_with_an_event
     async def compact(
         self,
         request: PolicyRequest,

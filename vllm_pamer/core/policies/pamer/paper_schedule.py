@@ -195,6 +195,10 @@ class PaperSchedule:
             except Exception as exc:  # no rule names it: the start still has its end (the pipeline falls back)
                 await store.log_event(session, Fallback.POLICY_ERROR.value, {"error": f"{type(exc).__name__}: {exc}"})
                 raise
+            except asyncio.CancelledError:  # the client went away: the start still has its end
+                cancelled = {"reason": "cancelled"}
+                await asyncio.shield(store.log_event(session, "compression_abandoned", cancelled))
+                raise
         summary, embedding = result
         reduced = list(view.prefix) + flatten(kept_old) + flatten(recent)
         if services.count_tokens(reduced) >= services.count_tokens(original):
