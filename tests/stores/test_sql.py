@@ -255,3 +255,23 @@ def test_a_session_state_is_deleted_with_its_idle_session(make_store):
     age(store, "old", 200)
     commit(store, "new")  # a commit runs retention
     assert blocking(store).session_state("old") is None
+
+
+def test_a_memory_text_is_replaced_only_where_it_still_reads_what_it_did(make_store):
+    """``replace_memory_text`` (a summary added after its compaction): the same
+    id, blocks and embedding, only if the text is still the one the caller
+    read; never another session's memory; an empty text is refused."""
+    store = make_store()
+    memory_id = commit(store, "s1")
+    other = commit(store, "s2")
+    sync = blocking(store)
+    assert not sync.replace_memory_text("s1", memory_id, "another text", "new")  # reads otherwise
+    assert not sync.replace_memory_text("s1", other, "summary of s2", "new")  # s2's memory, asked as s1
+    assert sync.replace_memory_text("s1", memory_id, "summary of s1", "added\n\nsummary of s1")
+    with pytest.raises(StoreError):
+        sync.replace_memory_text("s1", memory_id, "added\n\nsummary of s1", "  ")
+    [memory] = sync.load("s1").memories
+    assert (memory.id, memory.summary) == (memory_id, "added\n\nsummary of s1")
+    assert memory.covered_block_ids == tuple(b.block_id for b in BLOCKS[:2])
+    assert np.array_equal(memory.embedding, VECTOR)
+    assert [m.summary for m in sync.load("s2").memories] == ["summary of s2"]

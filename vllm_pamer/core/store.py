@@ -152,6 +152,14 @@ class MemoryStore(ABC):
         """Store a memory and the raw blocks it covers atomically; its id.
         Raises StoreError (nothing stored) on failure."""
 
+    async def replace_memory_text(self, session: str, memory_id: int, old: str, new: str) -> bool:
+        """Replace the text of a committed memory of ``session`` if it still
+        reads ``old``; its blocks, embedding and id stay (a summary added after
+        its compaction: ``core/policies/pamer/summary_after.py``). False: the
+        memory is gone (deleted with its session) or reads otherwise. Raises
+        StoreError (nothing changed) on failure."""
+        raise StoreError(f"{type(self).__name__} cannot replace a memory's text")
+
     @abstractmethod
     async def raw_blocks(self, session: str, block_ids: Sequence[str]) -> dict[str, list[Message]]:
         """The stored messages of these blocks of ``session`` (missing ids absent)."""

@@ -11,6 +11,10 @@ session's commits are kept apart; the guarantees are the interface's
 (``core/store.py``). Queries are written with ``?`` placeholders.
 Calls run in worker threads (``asyncio.to_thread``) behind one lock per store
 object, so the API server's event loop never waits on the database.
+
+Longer than 400 lines: the one place the SQL of every memory operation is
+written, for both backends; split, each part would reach into the same
+lock, transaction and caps.
 """
 
 from __future__ import annotations
@@ -161,6 +165,22 @@ class SqlStore(MemoryStore):
         except self.errors as exc:
             raise StoreError(f"storing the memory failed: {exc}") from exc
         return int(memory_id)
+
+    def _replace_memory_text(self, session: str, memory_id: int, old: str, new: str) -> bool:
+        if not new.strip():
+            raise StoreError("refusing to store an empty memory text")
+        try:
+            with self._lock:
+                self._ready()
+                with self._transaction():
+                    self._lock_session(session)
+                    cursor = self._execute(
+                        "UPDATE memories SET summary=? WHERE id=? AND session=? AND summary=?",
+                        (new, memory_id, session, old),
+                    )
+                    return bool(cursor.rowcount == 1)
+        except self.errors as exc:
+            raise StoreError(f"replacing the memory's text failed: {exc}") from exc
 
     def _log_event(self, session: str | None, kind: str, detail: dict[str, Any] | None = None) -> None:
         """Record a decision; a failing event log never fails the request."""
@@ -378,6 +398,9 @@ class SqlStore(MemoryStore):
         step_details: Sequence[StepDetail],
     ) -> int:
         return await asyncio.to_thread(self._commit_memory, session, summary, embedding, embedder, blocks, step_details)
+
+    async def replace_memory_text(self, session: str, memory_id: int, old: str, new: str) -> bool:
+        return await asyncio.to_thread(self._replace_memory_text, session, memory_id, old, new)
 
     async def raw_blocks(self, session: str, block_ids: Sequence[str]) -> dict[str, list[Message]]:
         return await asyncio.to_thread(self._raw_blocks, session, block_ids)

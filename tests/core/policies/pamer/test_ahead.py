@@ -13,31 +13,18 @@ import contextlib
 
 import numpy as np
 
-from tests.support.fakes import KEEP, FakeEngine, conversation
+from tests.support.fakes import FakeEngine, conversation
+from tests.support.sessions import LoopSession
 from vllm_pamer.core.blocks import protocol_issues, split_conversation
 from vllm_pamer.core.fallback import COMPACTION_ENDS
-from vllm_pamer.core.pipeline import rewrite_request
-from vllm_pamer.core.policies import PolicyContext, PolicyRequest, create_policy
 from vllm_pamer.core.policies.pamer.ahead import AheadWrites, _InFlight
 
 # conversation(n) is about 32 + 231 n tokens; the band is 1,500-2,000 (test_budget_schedule.py)
 BUDGET = {"context_budget": 2000, "band_share": 0.25, "target_share": 0.5, "record_share": 0.2, "memory_share": 0.35}
 
 
-class Session:
-    """One agent session, every request in one event loop (a memory written
-    ahead is a task of that loop)."""
-
-    def __init__(self, store, services, write_ahead=True, session="s1"):
-        self.policy = create_policy("pamer", {**BUDGET, "write_ahead": write_ahead})
-        self.context, self.services, self.session = PolicyContext(store, services), services, session
-
-    async def send(self, messages, vote=KEEP):
-        tokens = self.services.count_tokens(messages)
-        request = PolicyRequest(
-            messages=messages, session_id=self.session, previous_vote=vote, context=self.context, prompt_tokens=tokens
-        )
-        return await rewrite_request(self.policy, request)
+def Session(store, services, write_ahead=True, session="s1"):
+    return LoopSession(store, services, {**BUDGET, "write_ahead": write_ahead}, session)
 
 
 def _ends(events):

@@ -63,6 +63,7 @@ from vllm_pamer.core.policies.pamer.config import BudgetConfig
 from vllm_pamer.core.policies.pamer.control_vote import control_says, load_control_trigger
 from vllm_pamer.core.policies.pamer.memory import (
     MASKED_KINDS,
+    SUMMARY_KINDS,
     TURN_KINDS,
     MemoryKind,
     MemoryWriter,
@@ -71,6 +72,7 @@ from vllm_pamer.core.policies.pamer.memory import (
     shown_messages,
 )
 from vllm_pamer.core.policies.pamer.shown import ShownMemories
+from vllm_pamer.core.policies.pamer.summary_after import SummariesAfter
 from vllm_pamer.core.policies.summary_writer import StepFailure, step_details
 from vllm_pamer.core.store import Memory, StoreError
 from vllm_pamer.core.view import ContextView, context_view, flatten
@@ -99,7 +101,9 @@ class BudgetSchedule:
         )
         self.control = load_control_trigger(config.control_trigger or None) if config.band_vote == "control" else None
         """``band_vote: control``'s model, read at start so a bad file fails the server's start."""
-        self.shown = ShownMemories(kind, config.top_k)
+        self.later = SummariesAfter(memory, clock) if config.summary_after and kind in SUMMARY_KINDS else None
+        """The summaries written after their compaction (``summary_after``); None: inline."""
+        self.shown = ShownMemories(kind, config.top_k, newest_whole=self.later is None)
         self.written = CompactionMemory(config, memory, kind, self._count)
         self._offset: LRUCache[str, Offset] = LRUCache(MAX_TRACKED_SESSIONS)
         self._tokens: LRUCache[str, int] = LRUCache(10 * MAX_TRACKED_SESSIONS)  # by block id / text
@@ -136,6 +140,9 @@ class BudgetSchedule:
         if self.kind == "excerpts":
             return cfg.memory_share + cfg.record_share
         return cfg.memory_share + (cfg.turns_share if self.kind in TURN_KINDS else 0.0)
+
+    def _shown_messages(self, memories: list[Memory]) -> list[Message]:
+        return shown_messages(self.kind, memories, newest_whole=self.later is None)
 
     def _count(self, key: str, messages: list[Message], services: EngineServices) -> int:
         if key not in self._tokens:
@@ -191,7 +198,7 @@ class BudgetSchedule:
             shown_ids = await self.shown.ids(session, searchable, store, memory_chars)
         by_id = {m.id: m for m in searchable}
         shown = [by_id[i] for i in shown_ids]
-        sent = list(view.prefix) + shown_messages(self.kind, shown) + flatten(view.live)
+        sent = list(view.prefix) + self._shown_messages(shown) + flatten(view.live)
         sent_tokens = self._sent_tokens(request, view, shown_ids, sent, services)
         fits = (
             not services.max_model_len
@@ -236,7 +243,7 @@ class BudgetSchedule:
         # The record has its room before any raw block is kept: a line of many
         # archived steps carries more of what comes next than one more old block.
         record_tokens, masked_tokens = self.written.rooms(budget)
-        summary_tokens = cfg.summary_max_tokens if self.kind in ("summary", "summary_turns") else 0
+        summary_tokens = cfg.summary_max_tokens if self.kind in SUMMARY_KINDS and self.later is None else 0
         least = prefix_tokens + summary_tokens + record_tokens + masked_tokens
         count = archive_count(block_tokens, least, budget.target, cfg.retained_blocks)
         if least + sum(block_tokens[count:]) > budget.target:
@@ -249,7 +256,7 @@ class BudgetSchedule:
             return PolicyDecision(request.conversation.messages(), "none", "; ".join(notes), schedule=choice.report)
         shown_ids = tuple(m.id for m in choice.shown)
         key = "memory-text:" + ",".join(map(str, shown_ids))
-        inserted = shown_messages(self.kind, choice.shown)
+        inserted = self._shown_messages(choice.shown)
         inserted_tokens = self._count(key, inserted, context.services) if inserted else 0
         return PolicyDecision(
             choice.sent,
@@ -322,7 +329,7 @@ class BudgetSchedule:
             memory_chars = int(room * ratio)  # the newest is shown whatever its size
             query = captured_query(cfg, request, services, searchable) if searchable else None
             chosen = self.shown.choose(candidates, query, memory_chars)
-        reduced = prefix + shown_messages(self.kind, chosen) + flatten(kept)
+        reduced = prefix + self._shown_messages(chosen) + flatten(kept)
         reduced_tokens = services.prompt_tokens(reduced, request.tools)
         window = services.max_model_len
         if ahead is not None and window and reduced_tokens + answer_room(request.answer_tokens, window) >= window:
@@ -340,8 +347,12 @@ class BudgetSchedule:
             await store.log_event(session, Fallback.STORAGE_FAILURE.value, {"error": str(exc)})
             return PolicyDecision.fallback(original, Fallback.STORAGE_FAILURE, str(exc), schedule=report)
         final = [msgspec.structs.replace(m, id=memory_id) if m is provisional else m for m in chosen]
+        if self.later is not None and not (budget.under_kv_pressure and not cfg.kv_pressure_summary):
+            committed = msgspec.structs.replace(provisional, id=memory_id)
+            seen = self._shown_messages(choice.shown)  # what the engine saw before the archived blocks
+            self.later.start(store, services, committed, archived, self.written.resent(budget, prefix), seen)
         shown_ids = tuple(sorted(m.id for m in final))
-        inserted = shown_messages(self.kind, final)
+        inserted = self._shown_messages(final)
         reduced = prefix + inserted + flatten(kept)
         reduced_tokens = services.prompt_tokens(reduced, request.tools)
         self.shown.keep(session, shown_ids)
@@ -360,6 +371,7 @@ class BudgetSchedule:
                 "sent_tokens": report.sent_tokens,
                 "cache_break_tokens": cache_break,
                 "shown": list(shown_ids),
+                "summary": "inline" if self.later is None else "after",
             },
         )
         notes.append(f"{why}: archived {len(archived)} blocks as memory {memory_id}; cache break {cache_break} tokens")

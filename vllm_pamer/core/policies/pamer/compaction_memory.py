@@ -7,7 +7,7 @@ what the schedule's plan keeps free for it (``budget_schedule.py``)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -78,18 +78,22 @@ class CompactionMemory:
         record = await asyncio.to_thread(step_record, earlier + archived, kept, record_chars, known=known)
         if self.kind in ("record", "turns"):  # the newest record alone is shown: no embedding, no engine request
             return (record if self.kind == "record" else turns_text(record, turns)), NO_EMBEDDING
-        if budget.under_kv_pressure and not cfg.kv_pressure_summary:  # no summary request
+        if (budget.under_kv_pressure and not cfg.kv_pressure_summary) or cfg.summary_after:  # no summary now
             embedding = await self.memory.embed(record, services, request.previous_state)
             return (record if self.kind == "summary" else turns_text(record, turns)), embedding
-        # under KV pressure the conversation is seldom still cached: the text layout
-        # prefills less; a budget held to the session's KV share keeps it cached
-        scarce = budget.under_kv_pressure and not budget.shared
-        resend = None if scarce and cfg.kv_pressure_summary_layout == "text" else list(choice.view.prefix)
+        resend = self.resent(budget, choice.view.prefix)
         seen = shown_messages(self.kind, choice.shown)  # what the engine saw before the archived blocks
         summary = await self.memory.summarize(archived, services, resend, seen)
         embedding = await self.memory.embed(summary, services)  # recalled by its summary
         text = f"{summary}\n\n{record}"
         return (text if self.kind == "summary" else turns_text(text, turns)), embedding
+
+    def resent(self, budget: Budget, prefix: Sequence[Message]) -> list[Message] | None:
+        """The prefix a summary resends (the conversation layout), None for the text layout: under
+        KV pressure the conversation is seldom still cached and the text layout prefills less; a
+        budget held to the session's KV share keeps it cached."""
+        scarce = budget.under_kv_pressure and not budget.shared
+        return None if scarce and self.config.kv_pressure_summary_layout == "text" else list(prefix)
 
     def _newest_turns(self, blocks: list[Block], room: int, services: EngineServices) -> list[Block]:
         """The newest of ``blocks`` whose turns, outputs masked, fit ``room`` tokens together."""

@@ -113,6 +113,15 @@ class BudgetConfig(PamerOptions, frozen=True):
     session's first request after the memory is ready compacts with it
     (``ahead.py``). Only a request the window cannot hold waits for a memory.
     Off: the request that calls for the compaction waits for its memory."""
+    summary_after: bool = False
+    """A compaction commits its memory with the verbatim record alone (no
+    engine request), so the request that compacts does not wait for a
+    summary; the summary of the same blocks is written in the background and
+    put before the record in the stored memory (``summary_after.py``). The
+    newest memory is then shown by its record, older ones by their
+    summaries, so the memory text still changes only at compactions. Off:
+    the compacting request waits for its summary (``write_ahead`` moves that
+    wait earlier instead)."""
     kv_pressure_summary: bool = True
     """Write a summary while KV pressure or ``kv_share`` has shrunk the budget.
     Off: the memory is the verbatim record alone, embedded by the state the
@@ -159,6 +168,8 @@ class BudgetConfig(PamerOptions, frozen=True):
             raise ValueError("kv_share_idle_s must be > 0")
         if not 0 < self.record_share < 1 or not 0 < self.memory_share < 1:
             raise ValueError("record_share and memory_share must be in (0, 1)")
+        if self.summary_after and self.write_ahead:
+            raise ValueError("summary_after and write_ahead: choose one (summary_after needs no memory written ahead)")
         if not 0 <= self.turns_share < 1:
             raise ValueError("turns_share must be in [0, 1) (0: no archived turns shown)")
         if self.turns_share and self.record_share + self.turns_share >= self.target_share:

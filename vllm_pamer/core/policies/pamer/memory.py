@@ -89,22 +89,42 @@ def captured_query(
     return np.asarray(state, dtype=np.float32) if widths == {len(state)} else None
 
 
-def shown_message(memories: Sequence[Memory]) -> Message:
+def shown_message(memories: Sequence[Memory], newest_whole: bool = True) -> Message:
     """The budget schedule's memory message: the newest memory's text whole
-    (its record covers every archived step), older ones by their summaries."""
+    (its record covers every archived step), older ones by their summaries.
+    ``newest_whole`` False: the newest by its record alone, so a summary added
+    to it after its compaction (``summary_after.py``) changes nothing shown."""
     newest = max((m.id for m in memories), default=0)
-    return memory_message(
-        [
-            msgspec.structs.replace(m, summary=stored_turns(m).text if m.id == newest else summary_part(m))
-            for m in memories
-        ]
-    )
+
+    def text(memory: Memory) -> str:
+        if memory.id != newest:
+            return summary_part(memory)
+        return stored_turns(memory).text if newest_whole else record_part(memory)
+
+    return memory_message([msgspec.structs.replace(m, summary=text(m)) for m in memories])
 
 
 def summary_part(memory: Memory) -> str:
     """A memory's text without its verbatim record (empty for a record alone)."""
     text = stored_turns(memory).text
     return "" if text.startswith(RECORD_HEADER) else text.split("\n\n" + RECORD_HEADER, 1)[0]
+
+
+def record_part(memory: Memory) -> str:
+    """A memory's verbatim record (its whole text when it has none)."""
+    text = stored_turns(memory).text
+    if text.startswith(RECORD_HEADER):
+        return text
+    _, found, record = text.partition("\n\n" + RECORD_HEADER)
+    return RECORD_HEADER + record if found else text
+
+
+def with_summary(memory: Memory, summary: str) -> str:
+    """The stored text of ``memory`` (a record alone, with or without turns)
+    with ``summary`` put before its record."""
+    stored = stored_turns(memory)
+    text = f"{summary}\n\n{stored.text}"
+    return turns_text(text, stored.turns) if memory.summary.startswith('{"text":') else text
 
 
 MemoryKind = Literal["summary", "record", "none", "masked", "excerpts", "turns", "summary_turns"]
@@ -121,6 +141,9 @@ as it wrote them, the old outputs' lines in the record; ``turns_share``; a
 
 TURN_KINDS: frozenset[MemoryKind] = frozenset({"turns", "summary_turns"})
 """The kinds whose memory shows archived turns after its text."""
+
+SUMMARY_KINDS: frozenset[MemoryKind] = frozenset({"summary", "summary_turns"})
+"""The kinds whose memory has a summary before its record (an engine request)."""
 
 
 def with_turns(kind: MemoryKind, turns_share: float) -> MemoryKind:
@@ -156,8 +179,9 @@ def kind_embedder(kind: MemoryKind, services: EngineServices) -> str:
     return UNSHOWN_EMBEDDERS.get(kind, services.embedder_name)
 
 
-def shown_messages(kind: MemoryKind, memories: Sequence[Memory]) -> list[Message]:
-    """What a request shows for ``memories`` (already chosen) after its prefix."""
+def shown_messages(kind: MemoryKind, memories: Sequence[Memory], newest_whole: bool = True) -> list[Message]:
+    """What a request shows for ``memories`` (already chosen) after its prefix
+    (``newest_whole``: as in ``shown_message``)."""
     if not memories or kind == "none":
         return []
     if kind in MASKED_KINDS:  # messages, as JSON
@@ -165,8 +189,8 @@ def shown_messages(kind: MemoryKind, memories: Sequence[Memory]) -> list[Message
         return [message for m in ordered for message in msgspec.json.decode(m.summary)]
     if kind in TURN_KINDS:  # the memory message (older summaries too, if chosen), then the newest's turns
         newest = max(memories, key=lambda m: m.id)
-        return [shown_message(memories), *stored_turns(newest).turns]
-    return [shown_message(memories)]
+        return [shown_message(memories, newest_whole), *stored_turns(newest).turns]
+    return [shown_message(memories, newest_whole)]
 
 
 EXCERPT_MARK = "\nkept lines:\n"

@@ -71,6 +71,9 @@ class Pamer(MemoryPolicy):
 
     def in_flight(self, session_id: str) -> dict[str, Any] | None:
         schedule = self.schedule
+        if isinstance(schedule, BudgetSchedule) and schedule.later is not None:
+            writing = schedule.later.pending(session_id)
+            return {"summaries_after": writing} if writing else None
         if not isinstance(schedule, AheadSchedule) or (pending := schedule.ahead.pending(session_id)) is None:
             return None
         ended = pending.finished if pending.finished is not None else schedule.clock()

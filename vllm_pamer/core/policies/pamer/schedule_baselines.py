@@ -75,6 +75,7 @@ SUMMARY_OPTIONS = frozenset(
         "summary_layout",
         "kv_pressure_summary",
         "kv_pressure_summary_layout",
+        "summary_after",
     }
 )
 """What only a memory with a summary (PaMER's) reads."""

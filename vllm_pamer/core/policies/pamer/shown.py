@@ -11,14 +11,16 @@ import numpy as np
 from cachetools import LRUCache
 
 from vllm_pamer.core.policies.base import MAX_TRACKED_SESSIONS
-from vllm_pamer.core.policies.pamer.memory import MASKED_KINDS, NEWEST_ALONE, MemoryKind, summary_part
+from vllm_pamer.core.policies.pamer.memory import MASKED_KINDS, NEWEST_ALONE, MemoryKind, record_part, summary_part
 from vllm_pamer.core.recall import cosine_scores
 from vllm_pamer.core.store import Memory, MemoryStore
 
 
 class ShownMemories:
-    def __init__(self, kind: MemoryKind, top_k: int) -> None:
+    def __init__(self, kind: MemoryKind, top_k: int, newest_whole: bool = True) -> None:
         self.kind, self.top_k = kind, top_k
+        self.newest_whole = newest_whole
+        """As ``memory.shown_message`` shows the newest memory: whole, or by its record."""
         # the memory ids each session shows until its next compaction
         self._chosen: LRUCache[str, tuple[int, ...]] = LRUCache(MAX_TRACKED_SESSIONS)
 
@@ -75,7 +77,8 @@ class ShownMemories:
                     break
                 chosen.append(memory)
             return sorted(chosen, key=lambda m: m.id)
-        used = len(newest.summary)  # as stored: with its turns, which take room as its text does
+        # as shown: with its turns, which take room as its text does
+        used = len(newest.summary) if self.newest_whole else len(record_part(newest))
         for memory in rest:
             if len(chosen) == self.top_k:
                 break

@@ -1,0 +1,127 @@
+"""Summaries written after their compaction (``core/policies/pamer/summary_after.py``,
+the budget schedule's ``summary_after``) on a real SQLite store with the
+deterministic engine of tests/support/fakes.py, its summaries slowed down:
+the compacting request waits for no summary (its memory is the record), the
+summary lands in the stored memory later without changing what the
+session's requests show, a later compaction shows it, and a summary that
+fails leaves the memory as committed."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from tests.support.fakes import FakeEngine, conversation
+from tests.support.sessions import LoopSession
+from vllm_pamer.core.blocks import protocol_issues
+from vllm_pamer.core.fallback import COMPACTION_ENDS
+from vllm_pamer.core.policies import create_policy
+from vllm_pamer.core.policies.pamer.memory import record_part, shown_message, summary_part, with_summary
+from vllm_pamer.core.policies.pamer.record import RECORD_HEADER
+from vllm_pamer.core.store import Memory
+
+# conversation(n) is about 32 + 231 n tokens; the band is 1,500-2,000 (test_budget_schedule.py)
+BUDGET = {"context_budget": 2000, "band_share": 0.25, "target_share": 0.5, "record_share": 0.2, "memory_share": 0.35}
+
+
+def Session(store, services, summary_after=True, session="s1"):
+    return LoopSession(store, services, {**BUDGET, "summary_after": summary_after}, session)
+
+
+def _kinds(store, session="s1"):
+    return [e["kind"] for e in asyncio.run(store.events(session))]
+
+
+def test_the_compacting_request_waits_for_no_summary_and_what_is_shown_stays(store):
+    async def scenario():
+        session = Session(store, FakeEngine(window=8192, summary_delay=0.5))
+        first = await session.send(conversation(9))  # the band's top: a compaction
+        committed = (await store.load("s1")).memories
+        in_flight = session.policy.in_flight("s1")
+        await asyncio.sleep(0.8)  # the agent's tools run; the summary is written
+        added = (await store.load("s1")).memories
+        second = await session.send(conversation(10))
+        return first, committed, in_flight, added, second
+
+    first, committed, in_flight, added, second = asyncio.run(scenario())
+    assert first.action == "compressed" and first.schedule.memory_seconds < 0.4  # not the summary's 0.5 s
+    assert protocol_issues(first.messages) == []
+    [memory] = committed
+    assert memory.summary.startswith(RECORD_HEADER)  # the record alone, at once
+    assert in_flight == {"summaries_after": 1}
+    [later] = added
+    assert later.id == memory.id and later.summary.startswith("SUMMARY ") and later.summary.endswith(memory.summary)
+    assert np.array_equal(later.embedding, memory.embedding)
+    # the summary landed between the two requests; what is sent only grew at its end
+    assert second.action == "recalled" and second.messages[: len(first.messages)] == first.messages
+    assert "SUMMARY" not in str(second.messages)
+    kinds = _kinds(store)
+    assert kinds.count("compressed") == 1 and kinds.count("summary_added") == 1
+    started = kinds.count("compression_started")
+    assert started == 1 and sum(k in COMPACTION_ENDS for k in kinds) == started
+
+
+def test_a_later_compaction_shows_the_older_memorys_summary(store):
+    async def scenario():
+        session = Session(store, FakeEngine(window=8192, summary_delay=0.05))
+        decisions = []
+        for n in range(9, 20):
+            decisions.append(await session.send(conversation(n)))
+            await asyncio.sleep(0.1)
+        return decisions
+
+    decisions = asyncio.run(scenario())
+    compacted = [d for d in decisions if d.action == "compressed"]
+    assert len(compacted) >= 2
+    memory_text = str(compacted[-1].messages)
+    assert "SUMMARY" in memory_text and RECORD_HEADER in memory_text
+    assert _kinds(store).count("summary_added") == len(compacted)
+
+
+def test_a_summary_that_fails_leaves_the_memory_as_committed(store):
+    async def scenario():
+        session = Session(store, FakeEngine(window=8192, summary_error=RuntimeError("engine down")))
+        first = await session.send(conversation(9))
+        await asyncio.sleep(0.2)
+        return first, (await store.load("s1")).memories
+
+    first, memories = asyncio.run(scenario())
+    assert first.action == "compressed"
+    [memory] = memories
+    assert memory.summary.startswith(RECORD_HEADER) and len(memory.covered_block_ids) > 0
+    events = asyncio.run(store.events("s1"))
+    [failed] = [e for e in events if e["kind"] == "summary_not_added"]
+    assert failed["detail"]["memory_id"] == memory.id and "engine down" in failed["detail"]["reason"]
+
+
+def test_inline_summaries_wait_and_show_the_newest_whole(store):
+    async def scenario():
+        session = Session(store, FakeEngine(window=8192, summary_delay=0.3), summary_after=False)
+        return await session.send(conversation(9))
+
+    first = asyncio.run(scenario())
+    assert first.action == "compressed" and first.schedule.memory_seconds >= 0.3
+    assert "SUMMARY" in str(first.messages)
+
+
+def _memory(memory_id, text):
+    return Memory(memory_id, "s", text, np.ones(2, dtype=np.float32), "e", ("b",), (), 0.0)
+
+
+def test_the_parts_of_a_memory_text():
+    record = f"{RECORD_HEADER}\n- called lookup"
+    alone, summarized = _memory(1, record), _memory(2, with_summary(_memory(2, record), "SUMMARY x"))
+    assert summarized.summary == f"SUMMARY x\n\n{record}"
+    assert (summary_part(alone), record_part(alone)) == ("", record)
+    assert (summary_part(summarized), record_part(summarized)) == ("SUMMARY x", record)
+    assert record_part(_memory(3, "a summary only")) == "a summary only"
+    by_record = shown_message([alone, summarized], newest_whole=False)["content"]
+    whole = shown_message([alone, summarized])["content"]
+    assert "SUMMARY x" not in by_record and record in by_record and "SUMMARY x" in whole
+
+
+def test_summary_after_and_write_ahead_are_one_or_the_other():
+    with pytest.raises(ValueError, match="summary_after and write_ahead"):
+        create_policy("pamer", {"summary_after": True, "write_ahead": True})
