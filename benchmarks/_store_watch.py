@@ -74,14 +74,18 @@ def lost_blocks(path: Path, session: str, history: list[dict], sent: list[dict])
 class Killer(threading.Thread):
     """Watches the store's event log; SIGKILLs the server at the chosen point."""
 
-    def __init__(self, server: ServerProcess, store: Path, point: str, delay_s: float, after_id: int) -> None:
+    def __init__(
+        self, server: ServerProcess, store: Path, point: str, delay_s: float, after_id: int, watch: str | None = None
+    ) -> None:
         super().__init__(daemon=True)
         self.server, self.store, self.point, self.delay_s, self.after_id = server, store, point, delay_s, after_id
+        self.watch = watch
+        """The event the delay counts from (None: ``compression_started`` for ``during``, else ``compressed``)."""
         self.fired: str | None = None
         self.done = threading.Event()
 
     def run(self) -> None:
-        kind = "compression_started" if self.point == "during" else "compressed"
+        kind = self.watch or ("compression_started" if self.point == "during" else "compressed")
         conn = sqlite3.connect(f"file:{self.store}?mode=ro", uri=True, check_same_thread=False)
         try:
             while not self.done.is_set():

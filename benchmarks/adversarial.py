@@ -5,6 +5,7 @@ of the default model (the fast part: ``tests/e2e/test_fuzz_serve.py``).
     .venv/bin/python -m benchmarks.adversarial load --sessions 32 --max-steps 16
     .venv/bin/python -m benchmarks.adversarial crash --cycles 10
     .venv/bin/python -m benchmarks.adversarial crash --cycles 10 --write-ahead
+    .venv/bin/python -m benchmarks.adversarial crash --cycles 10 --summary-after
 
 * ``fuzz``: fuzzed requests (``tests/support/fuzz_requests.py``) to each managed route
   (``--api``) on the fuzz suite's server; prints the answers by route and status; a 5xx fails.
@@ -23,6 +24,10 @@ of the default model (the fast part: ``tests/e2e/test_fuzz_serve.py``).
   a memory), and the session going on. ``--write-ahead``: PaMER's budget
   schedule with ``write_ahead`` at a small budget, so ``during`` kills the
   server while a memory is written in the background and requests go on.
+  ``--summary-after``: the budget schedule with ``summary_after``, so
+  ``during`` kills the server while a committed memory's summary is written
+  in the background (a random delay after ``compressed``: the compaction
+  itself, which asks the engine for nothing, is not a kill point).
 
 Each command exits non-zero when a check fails.
 """
@@ -223,6 +228,8 @@ def crash(args: argparse.Namespace) -> int:
         options: dict[str, object] = {"summary_max_tokens": 48, "schedule": "paper"}
         if args.write_ahead:  # the budget schedule, its memories written in the background
             options = {"summary_max_tokens": 48, "write_ahead": True, "context_budget": args.budget}
+        if args.summary_after:  # the budget schedule, its summaries written after their compactions
+            options = {"summary_max_tokens": 48, "summary_after": True, "context_budget": args.budget}
         flags = ["--pamer-policy", "pamer", "--pamer-heads", str(heads), "--pamer-policy-options", json.dumps(options)]
         store = root / "memory.sqlite3"
         requests = [(t["id"], h) for t in trajectories for _, h in agent_requests(t["messages"])]
@@ -240,7 +247,8 @@ def crash(args: argparse.Namespace) -> int:
         for cycle in range(1, args.cycles + 1):
             point = ("during", "after commit")[cycle % 2]  # both, alike often; the delay is random
             delay = rng.uniform(0.0, 3.0) if point == "during" else 0.0
-            killer = Killer(server, store, point, delay, last_event_id(store))
+            watch = "compressed" if args.summary_after else None  # its summary starts at the commit
+            killer = Killer(server, store, point, delay, last_event_id(store), watch)
             killer.start()
             resend = None
             with httpx.Client(base_url=server.base_url, timeout=900) as client:
@@ -301,9 +309,16 @@ def main() -> None:
         action="store_true",
         help="the budget schedule with write_ahead: kills hit a memory written ahead",
     )
-    p.add_argument("--budget", type=int, default=3000, help="the context budget under --write-ahead")
+    p.add_argument(
+        "--summary-after",
+        action="store_true",
+        help="the budget schedule with summary_after: kills hit a summary written after its compaction",
+    )
+    p.add_argument("--budget", type=int, default=3000, help="the context budget under --write-ahead / --summary-after")
     p.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    if getattr(args, "write_ahead", False) and getattr(args, "summary_after", False):
+        parser.error("--write-ahead and --summary-after: choose one (the schedule refuses both)")
     sys.exit({"fuzz": fuzz, "load": load, "crash": crash}[args.command](args))
 
 

@@ -17,6 +17,7 @@ from tests.support.fakes import blocking
 from tests.support.serve import TRAJECTORY, chat, client_for, start_pamer_server
 from vllm_pamer.core.blocks import protocol_issues, split_conversation
 from vllm_pamer.core.policies.summary_writer import MEMORY_HEADER
+from vllm_pamer.replay.compactions import tally
 from vllm_pamer.stores.sqlite import SqliteStore
 from vllm_pamer.trajectories import agent_requests, load_trajectories
 
@@ -228,3 +229,36 @@ def test_budget_schedule_is_visible_in_the_session_and_the_metrics(budget_run):
     memories = [m["summary"] for m in session["memories"]]
     assert all("Record of the archived steps" in m for m in memories)
     assert any("called " in m for m in memories)  # calls kept verbatim
+
+
+def test_summaries_written_after_their_compaction(compress_server, trajectory):
+    """``summary_after`` on the real server: each compaction commits the
+    record alone and the request goes on; the summaries are written by the
+    same engine in the background and land in the stored memories; what is
+    sent between compactions only grows at its end; every compaction ended."""
+    client = client_for(compress_server)
+    reports = []
+    for _, history in list(agent_requests(trajectory["messages"]))[:BUDGET_STEPS]:
+        reports.append(chat(client, history, "pamer-after-e2e", "pamer_after").model_extra["pamer"])
+    compactions = [i for i, r in enumerate(reports) if r["action"] == "compressed"]
+    assert len(compactions) >= 2, [r["action"] for r in reports]
+    for i in range(1, len(reports)):
+        if i not in compactions:
+            before, now = reports[i - 1]["messages_sent"], reports[i]["messages_sent"]
+            assert now[: len(before)] == before  # append-only, though summaries landed in between
+    url = f"{compress_server.base_url}/pamer/sessions/pamer-after-e2e"
+    deadline = time.monotonic() + 300
+    while True:  # the summaries end in the background
+        session = requests.get(url, params={"events": 1_000_000}, timeout=30).json()
+        counts = tally(session["events"])
+        if counts["summaries_added"] + counts["summaries_not_added"] >= len(compactions):
+            break
+        assert time.monotonic() < deadline, counts
+        time.sleep(2)
+    assert counts["started"] == counts["compressed"] == counts["summaries_after"] == len(compactions), counts
+    assert counts["unended"] == 0 and counts["summaries_added"] >= 1, counts
+    summarized = [m["summary"] for m in session["memories"] if not m["summary"].startswith("Record of")]
+    assert len(summarized) == counts["summaries_added"]
+    assert all("\n\nRecord of the archived steps" in text for text in summarized)
+    for report in reports:
+        assert protocol_issues(report["messages_sent"]) == []

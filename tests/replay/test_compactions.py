@@ -36,6 +36,9 @@ def test_every_start_is_matched_by_its_end():
         "failed": 1,
         "in_flight": 0,
         "unended": 0,
+        "summaries_after": 0,
+        "summaries_added": 0,
+        "summaries_not_added": 0,
     }
 
 
@@ -46,13 +49,22 @@ def test_a_start_without_its_end_is_counted_and_a_memory_written_ahead_at_the_en
     assert ahead["in_flight"] == 1 and ahead["unended"] == 0
 
 
+def test_summaries_written_after_their_compaction_are_counted_apart():
+    after = {"kind": "compressed", "detail": {"summary": "after"}}
+    events = [*_events("compression_started"), after, *_events("compression_started"), after]
+    events += _events("summary_added", "summary_not_added")
+    counts = tally(events)
+    assert (counts["started"], counts["compressed"], counts["unended"]) == (2, 2, 0)
+    assert (counts["summaries_after"], counts["summaries_added"], counts["summaries_not_added"]) == (2, 1, 1)
+
+
 def test_the_table_sums_runs_by_policy_and_skips_runs_that_did_not_read_events():
     def run(policy, compactions):
         return RunSummary(policy=policy, trajectories=1, requests=1, elapsed_s=1.0, compactions=compactions)
 
     one = tally(_events("compression_started", "compressed"))
     table = compaction_table([run("pamer", one), run("pamer", one), run("recent_k", None)])
-    assert "| pamer | 2 | 2 | 0 | 0 | 0 | 0 |" in table and "recent_k" not in table
+    assert "| pamer | 2 | 2 | 0 | 0 | 0 | 0 | 0 | 0 | 0 |" in table and "recent_k" not in table
     assert compaction_table([run("recent_k", None)]) == ""
 
 
@@ -79,7 +91,8 @@ def test_sessions_are_read_from_the_route_and_an_unknown_one_had_no_event():
         return httpx.Response(200, json=bodies[session])
 
     counts = _read(handler, ["a", "b", "c", "d", "a"])
-    assert counts == {"started": 3, "compressed": 1, "abandoned": 0, "failed": 0, "in_flight": 1, "unended": 1}
+    ends = {"started": 3, "compressed": 1, "abandoned": 0, "failed": 0, "in_flight": 1, "unended": 1}
+    assert counts == {**ends, "summaries_after": 0, "summaries_added": 0, "summaries_not_added": 0}
 
 
 def test_a_route_that_cannot_be_read_leaves_the_run_without_the_tally():

@@ -40,7 +40,11 @@ def test_a_memory_written_ahead_is_no_wait():
     records += [rec("pamer_ahead", 0, 1.0, "compressed", schedule=ahead), rec("pamer_ahead", 1, 1.0)]
     records += [rec("sam", 0, 5.0, "compressed")]  # no schedule report: it waited, for how long is not known
     cells = table(latency_table(records))
-    assert (cells["pamer"]["waited"], cells["pamer"]["waited s"]) == ("2", "25.0")
+    assert (cells["pamer"]["waited"], cells["pamer"]["waited s"], cells["pamer"]["waited max s"]) == (
+        "2",
+        "25.0",
+        "12.5",
+    )
     assert (cells["pamer_ahead"]["waited"], cells["pamer_ahead"]["waited s"]) == ("0", "-")
     assert (cells["sam"]["waited"], cells["sam"]["waited s"]) == ("1", "-")
 

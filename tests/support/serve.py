@@ -55,6 +55,15 @@ OPTIONS_BY_POLICY = {
         "target_share": 0.5,
         "summary_max_tokens": 48,
     },
+    # the same, its summaries written after their compactions
+    "pamer_after": {
+        "policy": "pamer",
+        "context_budget": 4800,
+        "band_share": 0.25,
+        "target_share": 0.5,
+        "summary_max_tokens": 48,
+        "summary_after": True,
+    },
 }
 
 

@@ -7,7 +7,11 @@ server still holds (the route's ``memory_in_flight``), is in flight when the
 replay ends: counted apart, not as a fault. Only the schedules that log
 ``compression_started`` (PaMER's) are counted; an end logged by another of
 the session's requests while a memory is written ahead (a store read that
-failed) ends it here too.
+failed) ends it here too. Summaries written after their compaction
+(``summary_after``) are counted apart: one per compaction that committed its
+record and left its summary to the background, and their ends (added, or
+not added: a failure, the memory changed, the server stopping); what neither
+counts was still being written when the events were read.
 """
 
 from __future__ import annotations
@@ -20,10 +24,21 @@ import httpx
 from vllm_pamer.core.fallback import COMPACTION_ENDS
 from vllm_pamer.replay.records import RunSummary
 
-COUNTS = ("started", "compressed", "abandoned", "failed", "in_flight", "unended")
+COUNTS = (
+    "started",
+    "compressed",
+    "abandoned",
+    "failed",
+    "in_flight",
+    "unended",
+    "summaries_after",
+    "summaries_added",
+    "summaries_not_added",
+)
 """What ``tally`` counts: starts; their ends by kind (a failure: any rule of
 ``COMPACTION_ENDS``); starts written ahead still open at the session's end;
-and starts that never ended (a fault)."""
+starts that never ended (a fault); summaries left to the background by a
+compaction (``summary_after``), and those added and not added."""
 EVENTS_READ = 1_000_000
 """Events asked for per session: all the store keeps (``StoreLimits.session_events``)."""
 
@@ -40,7 +55,11 @@ def tally(events: Sequence[Mapping[str, Any]], held: bool = True) -> dict[str, i
                 counts["unended"] += 1
             counts["started"] += 1
             open_ahead = bool((event.get("detail") or {}).get("ahead"))
+        elif kind in ("summary_added", "summary_not_added"):
+            counts[kind.replace("summary", "summaries", 1)] += 1
         elif kind in COMPACTION_ENDS and open_ahead is not None:
+            if kind == "compressed" and (event.get("detail") or {}).get("summary") == "after":
+                counts["summaries_after"] += 1
             ending = {"compressed": "compressed", "compression_abandoned": "abandoned"}.get(str(kind), "failed")
             counts[ending] += 1
             open_ahead = None
@@ -86,7 +105,9 @@ def compaction_table(runs: Iterable[RunSummary]) -> str:
     lines = [
         "\nCompactions begun and ended, from the server's store events of the run's sessions "
         "(`replay/compactions.py`): every start must end (committed, abandoned or a failure "
-        "rule) before the next; *in flight*: a memory written ahead with no request after it.\n",
+        "rule) before the next; *in flight*: a memory written ahead with no request after it; "
+        "*summaries after*: compactions that left their summary to the background (`summary_after`), "
+        "then those added to their memory and not added (the rest were still being written).\n",
         "| policy | " + " | ".join(COUNTS) + " |",
         "|---|" + "---|" * len(COUNTS),
     ]

@@ -16,8 +16,10 @@ requests (on a loaded CPU they wait for each other too: compare policies
 within one run). Compacting: the requests whose rewrite compacted, which wait
 for their memory before the engine sees them, unless it was written ahead
 (``write_ahead``); the others: every other answered request. Waited: the
-compacting requests that waited for their memory, and the seconds they waited
-in all (as the schedule reports them; blank where a policy reports none).
+compacting requests that waited for their memory, the seconds they waited
+in all and the longest wait (as the schedule reports them; blank where a
+policy reports none): a summary is seconds to minutes, a record alone
+(``record_only``, ``summary_after``) a fraction of a second.
 """
 TTFT_NOTE = """Time to first token (a streamed replay, ``--stream``): seconds from sending a
 request to its answer's first token, what an agent that streams waits for.
@@ -60,8 +62,8 @@ def latency_table(records: Sequence[StepRecord]) -> str:
     ttft = " ttft p50 s | ttft p95 s | ttft max s |" if streamed else ""
     lines = [
         "| policy | answered | p50 s | p95 s | max s | compacting | compacting p50 s | compacting p95 s "
-        f"| compacting max s | others p95 s | waited | waited s |{ttft}",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if streamed else ""),
+        f"| compacting max s | others p95 s | waited | waited s | waited max s |{ttft}",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if streamed else ""),
     ]
     for policy in policies:
         ok = [r for r in records if r.policy == policy and r.status == "ok"]
@@ -70,10 +72,10 @@ def latency_table(records: Sequence[StepRecord]) -> str:
         other_p95 = f"{np.percentile(others, 95):.1f}" if others else "-"
         waits = [w for w in map(waited_s, ok) if w is not None and w != 0.0]
         known = [w for w in waits if not np.isnan(w)]
-        total = f"{sum(known):.1f}" if known else "-"
+        total, longest = (f"{sum(known):.1f}", f"{max(known):.1f}") if known else ("-", "-")
         lines.append(
             f"| {policy} | {len(ok)} | {_percentiles([r.latency_s for r in ok])} | {len(compacting)} | "
-            f"{_percentiles(compacting)} | {other_p95} | {len(waits)} | {total} |"
+            f"{_percentiles(compacting)} | {other_p95} | {len(waits)} | {total} | {longest} |"
             + (f" {_percentiles([r.ttft_s for r in ok if r.ttft_s is not None], 2)} |" if streamed else "")
         )
     return "\n".join(lines)

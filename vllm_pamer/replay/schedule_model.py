@@ -192,6 +192,9 @@ def simulate(
                             ),
                         )
                     )
+                    later = getattr(schedule, "later", None)
+                    if later is not None:  # summaries after their compaction land before the next step
+                        loop.run_until_complete(later.drain())
                     compactions += out.action == "compressed"
                     fallbacks += out.action.startswith("fallback:")  # a broken model engine shows here
                     sent = out.messages

@@ -18,6 +18,7 @@ from tests.support.sessions import LoopSession
 from vllm_pamer.core.blocks import protocol_issues
 from vllm_pamer.core.fallback import COMPACTION_ENDS
 from vllm_pamer.core.policies import create_policy
+from vllm_pamer.core.policies.pamer import summary_after
 from vllm_pamer.core.policies.pamer.memory import record_part, shown_message, summary_part, with_summary
 from vllm_pamer.core.policies.pamer.record import RECORD_HEADER
 from vllm_pamer.core.store import Memory
@@ -125,3 +126,39 @@ def test_the_parts_of_a_memory_text():
 def test_summary_after_and_write_ahead_are_one_or_the_other():
     with pytest.raises(ValueError, match="summary_after and write_ahead"):
         create_policy("pamer", {"summary_after": True, "write_ahead": True})
+
+
+def test_a_summary_that_copies_the_record_header_is_not_added(store):
+    """The shown record is found by its header: a summary holding it would
+    split wrongly, so it is refused and the memory keeps its record."""
+
+    async def scenario():
+        session = Session(store, FakeEngine(window=8192))
+
+        async def copying(*args, **kwargs):
+            return f"notes\n\n{RECORD_HEADER}\n- called lookup"
+
+        session.policy.schedule.later.writer.summarize = copying
+        first = await session.send(conversation(9))
+        await asyncio.sleep(0.1)
+        return first, (await store.load("s1")).memories
+
+    first, [memory] = asyncio.run(scenario())
+    assert first.action == "compressed" and memory.summary.startswith(RECORD_HEADER)
+    [refused] = [e for e in asyncio.run(store.events("s1")) if e["kind"] == "summary_not_added"]
+    assert "header" in refused["detail"]["reason"]
+
+
+def test_past_the_pending_cap_a_summary_is_not_written_and_the_event_says_so(store, monkeypatch):
+    monkeypatch.setattr(summary_after, "MAX_PENDING", 0)
+
+    async def scenario():
+        services = FakeEngine(window=8192)
+        first = await Session(store, services).send(conversation(9))
+        await asyncio.sleep(0.1)
+        return first, services.summaries
+
+    first, summaries = asyncio.run(scenario())
+    assert first.action == "compressed" and summaries == 0
+    [compressed] = [e for e in asyncio.run(store.events("s1")) if e["kind"] == "compressed"]
+    assert compressed["detail"]["summary"] == "none"

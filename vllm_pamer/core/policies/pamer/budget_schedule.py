@@ -347,10 +347,12 @@ class BudgetSchedule:
             await store.log_event(session, Fallback.STORAGE_FAILURE.value, {"error": str(exc)})
             return PolicyDecision.fallback(original, Fallback.STORAGE_FAILURE, str(exc), schedule=report)
         final = [msgspec.structs.replace(m, id=memory_id) if m is provisional else m for m in chosen]
+        summary = "inline" if self.later is None else "none"  # none: not written (KV pressure, or too many pending)
         if self.later is not None and not (budget.under_kv_pressure and not cfg.kv_pressure_summary):
             committed = msgspec.structs.replace(provisional, id=memory_id)
             seen = self._shown_messages(choice.shown)  # what the engine saw before the archived blocks
-            self.later.start(store, services, committed, archived, self.written.resent(budget, prefix), seen)
+            resend = self.written.resent(budget, prefix)
+            summary = "after" if self.later.start(store, services, committed, archived, resend, seen) else "none"
         shown_ids = tuple(sorted(m.id for m in final))
         inserted = self._shown_messages(final)
         reduced = prefix + inserted + flatten(kept)
@@ -371,7 +373,7 @@ class BudgetSchedule:
                 "sent_tokens": report.sent_tokens,
                 "cache_break_tokens": cache_break,
                 "shown": list(shown_ids),
-                "summary": "inline" if self.later is None else "after",
+                "summary": summary,
             },
         )
         notes.append(f"{why}: archived {len(archived)} blocks as memory {memory_id}; cache break {cache_break} tokens")

@@ -115,11 +115,14 @@ class BudgetConfig(PamerOptions, frozen=True):
     Off: the request that calls for the compaction waits for its memory."""
     summary_after: bool = False
     """A compaction commits its memory with the verbatim record alone (no
-    engine request), so the request that compacts does not wait for a
+    summary request), so the request that compacts does not wait for a
     summary; the summary of the same blocks is written in the background and
     put before the record in the stored memory (``summary_after.py``). The
     newest memory is then shown by its record, older ones by their
-    summaries, so the memory text still changes only at compactions. Off:
+    summaries, so the memory text still changes only at compactions; a
+    memory is recalled by the embedding it was committed with (the state
+    captured at the session's previous prompt, or its record embedded), not
+    by its summary's. Off:
     the compacting request waits for its summary (``write_ahead`` moves that
     wait earlier instead)."""
     kv_pressure_summary: bool = True

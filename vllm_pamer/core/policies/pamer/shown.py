@@ -11,7 +11,7 @@ import numpy as np
 from cachetools import LRUCache
 
 from vllm_pamer.core.policies.base import MAX_TRACKED_SESSIONS
-from vllm_pamer.core.policies.pamer.memory import MASKED_KINDS, NEWEST_ALONE, MemoryKind, record_part, summary_part
+from vllm_pamer.core.policies.pamer.memory import MASKED_KINDS, NEWEST_ALONE, MemoryKind, summary_part
 from vllm_pamer.core.recall import cosine_scores
 from vllm_pamer.core.store import Memory, MemoryStore
 
@@ -77,8 +77,8 @@ class ShownMemories:
                     break
                 chosen.append(memory)
             return sorted(chosen, key=lambda m: m.id)
-        # as shown: with its turns, which take room as its text does
-        used = len(newest.summary) if self.newest_whole else len(record_part(newest))
+        # as stored, with its turns, which take room as its text does; by its record: less its summary
+        used = len(newest.summary) - (0 if self.newest_whole else len(summary_part(newest)))
         for memory in rest:
             if len(chosen) == self.top_k:
                 break
