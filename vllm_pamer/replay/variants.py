@@ -25,9 +25,10 @@ def policy_options(summary_tokens: int) -> dict[str, dict[str, Any]]:
         "pamer_text": {"policy": "pamer", "summary_max_tokens": n, "summary_layout": "text"},
         # the budget schedule with its memories written ahead of need (issue 33)
         "pamer_ahead": {"policy": "pamer", "summary_max_tokens": n, "write_ahead": True},
-        # the summary written after its compaction, which commits the record at once (issue 33)
+        # the summary written after its compaction, which commits the record at once (the default
+        # since 2026-12-06, issue 33), and the synchronous schedule before it: the compacting
+        # request waits for its summary
         "pamer_after": {"policy": "pamer", "summary_max_tokens": n, "summary_after": True},
-        # and the synchronous schedule under its own name, for runs after the default changes
         "pamer_inline": {"policy": "pamer", "summary_max_tokens": n, "summary_after": False},
         # written ahead from a band twice as wide: the memory starts a tenth of the budget earlier,
         # so it is ready about where the synchronous schedule compacts (its requests grow while it is

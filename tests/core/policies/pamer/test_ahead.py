@@ -24,7 +24,8 @@ BUDGET = {"context_budget": 2000, "band_share": 0.25, "target_share": 0.5, "reco
 
 
 def Session(store, services, write_ahead=True, session="s1"):
-    return LoopSession(store, services, {**BUDGET, "write_ahead": write_ahead}, session)
+    # without write_ahead: the synchronous schedule, its summary inline
+    return LoopSession(store, services, {**BUDGET, "write_ahead": write_ahead, "summary_after": False}, session)
 
 
 def _ends(events):

@@ -24,6 +24,9 @@ from vllm_pamer.core.store import StoreError
 # the heads' vote decides inside it (the tests of the vote; the default votes nothing: see below)
 BUDGET = {"context_budget": 2000, "band_share": 0.25, "target_share": 0.5, "record_share": 0.2, "memory_share": 0.35}
 BUDGET |= {"band_vote": "heads"}
+# the summary inline (each request below runs in its own event loop, where a summary
+# left to the background would not outlive it; the default's: test_summary_after.py)
+BUDGET |= {"summary_after": False}
 
 
 class Session:

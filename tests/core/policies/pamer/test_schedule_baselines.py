@@ -196,7 +196,8 @@ def test_pamer_with_turns_recalls_older_summaries_beside_the_newest_turns(store)
     their summaries, the newest whole), then the newest memory's turns; the
     older memories' turns are not shown again. The turns have their own room
     beside ``memory_share``, so older summaries fit at its default."""
-    out, _ = replay(store, "pamer", range(2, 60), record_share=0.1, turns_share=0.1)  # memory_share as default
+    # memory_share as default; the summary inline: each request runs in its own event loop
+    out, _ = replay(store, "pamer", range(2, 60), record_share=0.1, turns_share=0.1, summary_after=False)
     last = out[-1][1]
     assert last.recalled is not None and len(last.recalled) >= 2, last.recalled
     sent = last.messages

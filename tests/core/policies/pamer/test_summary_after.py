@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
-import pytest
 
 from tests.support.fakes import FakeEngine, conversation
 from tests.support.sessions import LoopSession
@@ -123,9 +122,11 @@ def test_the_parts_of_a_memory_text():
     assert "SUMMARY x" not in by_record and record in by_record and "SUMMARY x" in whole
 
 
-def test_summary_after_and_write_ahead_are_one_or_the_other():
-    with pytest.raises(ValueError, match="summary_after and write_ahead"):
-        create_policy("pamer", {"summary_after": True, "write_ahead": True})
+def test_a_memory_written_ahead_is_written_whole():
+    """``write_ahead`` writes the memory, summary included, before it is needed: no summary after."""
+    assert create_policy("pamer", {"write_ahead": True}).schedule.later is None
+    assert create_policy("pamer", {}).schedule.later is not None  # the default
+    assert create_policy("pamer", {"summary_after": False}).schedule.later is None
 
 
 def test_a_summary_that_copies_the_record_header_is_not_added(store):

@@ -101,7 +101,8 @@ class BudgetSchedule:
         )
         self.control = load_control_trigger(config.control_trigger or None) if config.band_vote == "control" else None
         """``band_vote: control``'s model, read at start so a bad file fails the server's start."""
-        self.later = SummariesAfter(memory, clock) if config.summary_after and kind in SUMMARY_KINDS else None
+        after = config.summaries_after and kind in SUMMARY_KINDS
+        self.later = SummariesAfter(memory, clock) if after else None
         """The summaries written after their compaction (``summary_after``); None: inline."""
         self.shown = ShownMemories(kind, config.top_k, newest_whole=self.later is None)
         self.written = CompactionMemory(config, memory, kind, self._count)

@@ -78,7 +78,7 @@ class CompactionMemory:
         record = await asyncio.to_thread(step_record, earlier + archived, kept, record_chars, known=known)
         if self.kind in ("record", "turns"):  # the newest record alone is shown: no embedding, no engine request
             return (record if self.kind == "record" else turns_text(record, turns)), NO_EMBEDDING
-        if (budget.under_kv_pressure and not cfg.kv_pressure_summary) or cfg.summary_after:  # no summary now
+        if (budget.under_kv_pressure and not cfg.kv_pressure_summary) or cfg.summaries_after:  # no summary now
             embedding = await self.memory.embed(record, services, request.previous_state)
             return (record if self.kind == "summary" else turns_text(record, turns)), embedding
         resend = self.resent(budget, choice.view.prefix)

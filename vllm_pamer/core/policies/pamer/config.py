@@ -113,7 +113,7 @@ class BudgetConfig(PamerOptions, frozen=True):
     session's first request after the memory is ready compacts with it
     (``ahead.py``). Only a request the window cannot hold waits for a memory.
     Off: the request that calls for the compaction waits for its memory."""
-    summary_after: bool = False
+    summary_after: bool = True
     """A compaction commits its memory with the verbatim record alone (no
     summary request), so the request that compacts does not wait for a
     summary; the summary of the same blocks is written in the background and
@@ -122,9 +122,9 @@ class BudgetConfig(PamerOptions, frozen=True):
     summaries, so the memory text still changes only at compactions; a
     memory is recalled by the embedding it was committed with (the state
     captured at the session's previous prompt, or its record embedded), not
-    by its summary's. Off:
-    the compacting request waits for its summary (``write_ahead`` moves that
-    wait earlier instead)."""
+    by its summary's. Off: the compacting request waits for its summary.
+    ``write_ahead`` writes the whole memory ahead instead (``summary_after``
+    then does nothing)."""
     kv_pressure_summary: bool = True
     """Write a summary while KV pressure or ``kv_share`` has shrunk the budget.
     Off: the memory is the verbatim record alone, embedded by the state the
@@ -149,6 +149,11 @@ class BudgetConfig(PamerOptions, frozen=True):
     ``turns_text``); a compaction keeps room for them and the record, so
     ``record_share + turns_share`` stays under ``target_share``. 0: none."""
 
+    @property
+    def summaries_after(self) -> bool:
+        """Whether a compaction leaves its summary to the background: ``summary_after`` without ``write_ahead``."""
+        return self.summary_after and not self.write_ahead
+
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.kv_pressure_summary_layout not in SUMMARY_LAYOUTS:
@@ -171,8 +176,6 @@ class BudgetConfig(PamerOptions, frozen=True):
             raise ValueError("kv_share_idle_s must be > 0")
         if not 0 < self.record_share < 1 or not 0 < self.memory_share < 1:
             raise ValueError("record_share and memory_share must be in (0, 1)")
-        if self.summary_after and self.write_ahead:
-            raise ValueError("summary_after and write_ahead: choose one (summary_after needs no memory written ahead)")
         if not 0 <= self.turns_share < 1:
             raise ValueError("turns_share must be in [0, 1) (0: no archived turns shown)")
         if self.turns_share and self.record_share + self.turns_share >= self.target_share:
