@@ -251,11 +251,13 @@ def test_summaries_written_after_their_compaction(compress_server, trajectory):
     while True:  # the summaries end in the background
         session = requests.get(url, params={"events": 1_000_000}, timeout=30).json()
         counts = tally(session["events"])
-        if counts["summaries_added"] + counts["summaries_not_added"] >= len(compactions):
+        if counts["summaries_added"] + counts["summaries_not_added"] >= counts["summaries_after"]:
             break
         assert time.monotonic() < deadline, counts
         time.sleep(2)
-    assert counts["started"] == counts["compressed"] == counts["summaries_after"] == len(compactions), counts
+    assert counts["started"] == counts["compressed"] == len(compactions), counts
+    # one summary pending per session: a compaction while one is written leaves its own unwritten
+    assert 1 <= counts["summaries_after"] <= len(compactions), counts
     assert counts["unended"] == 0 and counts["summaries_added"] >= 1, counts
     summarized = [m["summary"] for m in session["memories"] if not m["summary"].startswith("Record of")]
     assert len(summarized) == counts["summaries_added"]

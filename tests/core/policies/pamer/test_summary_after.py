@@ -163,3 +163,24 @@ def test_past_the_pending_cap_a_summary_is_not_written_and_the_event_says_so(sto
     assert first.action == "compressed" and summaries == 0
     [compressed] = [e for e in asyncio.run(store.events("s1")) if e["kind"] == "compressed"]
     assert compressed["detail"]["summary"] == "none"
+
+
+def test_a_session_has_one_summary_pending_at_most(store):
+    """A compaction while the session's previous summary is still written
+    leaves its own unwritten (its memory keeps its record); the next one
+    after the first lands writes its summary again."""
+
+    async def scenario():
+        session = Session(store, FakeEngine(window=8192, summary_delay=0.5))
+        actions = []
+        for n in range(9, 22):  # compactions closer together than a summary takes
+            actions.append((await session.send(conversation(n))).action)
+        await asyncio.sleep(0.7)
+        return actions, session.policy.in_flight("s1")
+
+    actions, in_flight = asyncio.run(scenario())
+    assert actions.count("compressed") >= 2 and in_flight is None
+    events = asyncio.run(store.events("s1"))
+    labels = [e["detail"]["summary"] for e in events if e["kind"] == "compressed"]
+    assert labels[0] == "after" and "none" in labels, labels
+    assert sum(e["kind"] == "summary_added" for e in events) == labels.count("after")

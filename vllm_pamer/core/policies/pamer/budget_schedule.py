@@ -348,7 +348,7 @@ class BudgetSchedule:
             await store.log_event(session, Fallback.STORAGE_FAILURE.value, {"error": str(exc)})
             return PolicyDecision.fallback(original, Fallback.STORAGE_FAILURE, str(exc), schedule=report)
         final = [msgspec.structs.replace(m, id=memory_id) if m is provisional else m for m in chosen]
-        summary = "inline" if self.later is None else "none"  # none: not written (KV pressure, or too many pending)
+        summary = "inline" if self.later is None else "none"  # none: not written (KV pressure, or one pending)
         if self.later is not None and not (budget.under_kv_pressure and not cfg.kv_pressure_summary):
             committed = msgspec.structs.replace(provisional, id=memory_id)
             seen = self._shown_messages(choice.shown)  # what the engine saw before the archived blocks

@@ -4,8 +4,7 @@ The compaction commits its memory with the verbatim record alone (exact
 values, no engine request: ``compaction_memory.py``), so the request that
 compacts waits for no summary. The summary of the same blocks is written
 here in the background, at most ``--pamer-summary-concurrency`` at once
-(the engine services' own limit; at most ``MAX_PENDING`` wait in all, the
-others are not written), and put before the record in the stored
+(the engine services' own limit), and put before the record in the stored
 memory, only if the memory still reads what it was committed with
 (``MemoryStore.replace_memory_text``); its embedding, blocks and id stay, so
 the worker's memory rows need no update (the memory is recalled by the
@@ -14,7 +13,15 @@ previous prompt, or its record embedded). What a request shows does not
 change when it lands: the newest memory is shown by its record, older ones
 by their summaries (``memory.shown_message``), and only a later compaction
 chooses them. A summary that fails, or a server that stops before it ends,
-leaves the memory as committed: nothing is lost, its events say why."""
+leaves the memory as committed: nothing is lost, its events say why.
+
+A session has at most one summary pending: a compaction while its previous
+summary is still being written leaves its own unwritten (its memory keeps
+its record). The summaries share the engine with the sessions' requests and
+no request waits for them, so on a loaded engine nothing else holds them
+back: they fall behind the compactions (``benchmarks/RESULTS.md``, "Every
+mini-swe trajectory at the tight budget"). At most ``MAX_PENDING`` are
+pending in all."""
 
 from __future__ import annotations
 
@@ -31,21 +38,21 @@ from vllm_pamer.core.policies.summary_writer import StepFailure
 from vllm_pamer.core.store import Memory, MemoryStore
 
 MAX_PENDING = MAX_TRACKED_SESSIONS
-"""Summaries waiting or being written, in all sessions: past it a compaction's
+"""Sessions with a summary waiting or being written: past it a compaction's
 summary is not written (its memory keeps its record; each holds its blocks)."""
 
 
 class SummariesAfter:
-    """The summaries in the background, held until they end (an event loop
-    keeps only weak references to its tasks)."""
+    """The summaries in the background, one per session at most, held until
+    they end (an event loop keeps only weak references to its tasks)."""
 
     def __init__(self, writer: MemoryWriter, clock: Callable[[], float] = time.monotonic) -> None:
         self.writer, self.clock = writer, clock
-        self._tasks: dict[str, set[asyncio.Task[None]]] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
 
     def pending(self, session: str) -> int:
-        """The session's summaries still being written."""
-        return len(self._tasks.get(session, ()))
+        """The session's summaries still being written (0 or 1)."""
+        return int(session in self._tasks)
 
     def start(
         self,
@@ -58,25 +65,19 @@ class SummariesAfter:
     ) -> asyncio.Task[None] | None:
         """Write the summary of ``blocks`` (what ``memory`` archived) and add it
         to ``memory``; ``prefix`` and ``seen``: as ``MemoryWriter.summarize``
-        reads them. None: ``MAX_PENDING`` are pending, this one is not written."""
-        if sum(map(len, self._tasks.values())) >= MAX_PENDING:
+        reads them. None: not written (the session's previous summary is still
+        pending, or ``MAX_PENDING`` are)."""
+        session = memory.session
+        if session in self._tasks or len(self._tasks) >= MAX_PENDING:
             return None
         task = asyncio.ensure_future(self._write(store, services, memory, list(blocks), prefix, list(seen)))
-        tasks = self._tasks.setdefault(memory.session, set())
-        tasks.add(task)
-
-        def done(finished: asyncio.Task[None]) -> None:
-            tasks.discard(finished)
-            if not tasks:
-                self._tasks.pop(memory.session, None)
-
-        task.add_done_callback(done)
+        self._tasks[session] = task
+        task.add_done_callback(lambda _: self._tasks.pop(session, None))
         return task
 
     async def drain(self) -> None:
         """Until every summary pending now has ended (the engine-free model lets them land between steps)."""
-        pending = [task for tasks in self._tasks.values() for task in tasks]
-        await asyncio.gather(*pending, return_exceptions=True)
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
 
     async def _write(
         self,
