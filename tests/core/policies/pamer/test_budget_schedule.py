@@ -442,3 +442,21 @@ def test_by_default_nothing_votes_inside_the_band_and_its_top_compacts(store):
     session = Session(store, band_vote=policy.config.band_vote)
     assert session.send(conversation(7), vote=COMPRESS).action == "none"
     assert session.send(conversation(9), vote=KEEP).schedule.trigger == "top_of_band"
+
+
+class _Overhead(FakeEngine):
+    """An engine whose prompts count 50 tokens more than the count as received (a template's overhead)."""
+
+    def prompt_tokens(self, messages, tools=None):
+        return super().prompt_tokens(messages, tools) + 50
+
+
+def test_near_the_window_a_request_is_counted_not_estimated(store):
+    """The size estimated from the count as received can be a few tokens
+    short; within ``WINDOW_SLACK`` of the window the request is counted, so
+    one that would not fit compacts instead of going to vLLM to be refused."""
+    whole = {"context_budget": 0, "budget_share": 1.0, "band_share": 0.0, "target_share": 0.5}
+    out = Session(store, _Overhead(window=1530), **whole).send(conversation(6), answer_tokens=1)  # 1,507 as received
+    assert out.action == "compressed" and out.schedule.trigger == "window"
+    roomy = Session(store, _Overhead(window=1600), **whole).send(conversation(6), session="roomy", answer_tokens=1)
+    assert roomy.action == "none"  # far from the window: the estimate stands

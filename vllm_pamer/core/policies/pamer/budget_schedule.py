@@ -77,6 +77,12 @@ from vllm_pamer.core.policies.summary_writer import StepFailure, step_details
 from vllm_pamer.core.store import Memory, StoreError
 from vllm_pamer.core.view import ContextView, context_view, flatten
 
+WINDOW_SLACK = 64
+"""Tokens from the window within which a request's size is counted, not
+estimated from the count as received (``_sent_tokens``): the estimate can
+be a few tokens short, and there a few tokens decide whether vLLM refuses it
+(``benchmarks/RESULTS.md``, "Every mini-swe trajectory at the tight budget")."""
+
 
 class BudgetSchedule:
     def __init__(
@@ -201,10 +207,11 @@ class BudgetSchedule:
         shown = [by_id[i] for i in shown_ids]
         sent = list(view.prefix) + self._shown_messages(shown) + flatten(view.live)
         sent_tokens = self._sent_tokens(request, view, shown_ids, sent, services)
-        fits = (
-            not services.max_model_len
-            or sent_tokens + answer_room(request.answer_tokens, services.max_model_len) < services.max_model_len
-        )
+        window = services.max_model_len
+        answer = answer_room(request.answer_tokens, window) if window else 0
+        if window and sent_tokens + answer + WINDOW_SLACK >= window and request.prompt_tokens is not None:
+            sent_tokens = services.prompt_tokens(sent, request.tools)  # near the window: counted, not estimated
+        fits = not window or sent_tokens + answer < window
         control = None
         if self.control is not None and sent_tokens >= budget.band_low:  # read only where it can decide
             control = await control_says(self.control, request, store, notes)
