@@ -460,3 +460,12 @@ def test_near_the_window_a_request_is_counted_not_estimated(store):
     assert out.action == "compressed" and out.schedule.trigger == "window"
     roomy = Session(store, _Overhead(window=1600), **whole).send(conversation(6), session="roomy", answer_tokens=1)
     assert roomy.action == "none"  # far from the window: the estimate stands
+
+
+def test_the_window_guard_may_archive_the_retained_blocks_but_the_newest(store):
+    """A request past the window whose live blocks are only the retained ones
+    (one huge new step) archives the older of them: otherwise vLLM refuses it."""
+    history = conversation(2, chars=3000)  # two blocks of ~760 tokens, both retained (R = 2)
+    out = Session(store, FakeEngine(window=1200), context_budget=0).send(history, vote=None)
+    assert out.action == "compressed" and out.schedule.trigger == "window", out.detail
+    assert FakeEngine().count_tokens(out.messages) < 1200 and protocol_issues(out.messages) == []

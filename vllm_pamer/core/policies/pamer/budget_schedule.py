@@ -235,8 +235,8 @@ class BudgetSchedule:
         if why is None and vote is None and sent_tokens >= budget.band_low and heads_vote:
             notes.append("no vote captured (probe failure): no compaction inside the band")
             await store.log_event(session, "probe_missing", {"sent_tokens": sent_tokens})
-        if plan is None or len(view.live) <= cfg.retained_blocks:
-            why = None  # nothing old enough to archive
+        if plan is None or len(view.live) <= (1 if why == "window" else cfg.retained_blocks):
+            why = None  # nothing old enough to archive (the window's guard may take R's older blocks)
         return Choice(view, budget, searchable, shown, sent, report, why, plan if why is not None else None)
 
     def plan(self, view: ContextView, budget: Budget, services: EngineServices) -> Plan:
