@@ -318,7 +318,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if getattr(args, "write_ahead", False) and getattr(args, "summary_after", False):
-        parser.error("--write-ahead and --summary-after: choose one (the schedule refuses both)")
+        parser.error("--write-ahead and --summary-after: choose one (under write_ahead, summary_after does nothing)")
     sys.exit({"fuzz": fuzz, "load": load, "crash": crash}[args.command](args))
 
 

@@ -356,7 +356,7 @@ class BudgetSchedule:
             return PolicyDecision.fallback(original, Fallback.STORAGE_FAILURE, str(exc), schedule=report)
         final = [msgspec.structs.replace(m, id=memory_id) if m is provisional else m for m in chosen]
         summary = "inline" if self.later is None else "none"  # none: not written (KV pressure, or one pending)
-        if self.later is not None and not (budget.under_kv_pressure and not cfg.kv_pressure_summary):
+        if self.later is not None and self.written.summarized(budget):
             committed = msgspec.structs.replace(provisional, id=memory_id)
             seen = self._shown_messages(choice.shown)  # what the engine saw before the archived blocks
             resend = self.written.resent(budget, prefix)

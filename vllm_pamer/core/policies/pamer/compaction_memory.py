@@ -78,7 +78,7 @@ class CompactionMemory:
         record = await asyncio.to_thread(step_record, earlier + archived, kept, record_chars, known=known)
         if self.kind in ("record", "turns"):  # the newest record alone is shown: no embedding, no engine request
             return (record if self.kind == "record" else turns_text(record, turns)), NO_EMBEDDING
-        if (budget.under_kv_pressure and not cfg.kv_pressure_summary) or cfg.summaries_after:  # no summary now
+        if not self.summarized(budget) or cfg.summaries_after:  # no summary now
             embedding = await self.memory.embed(record, services, request.previous_state)
             return (record if self.kind == "summary" else turns_text(record, turns)), embedding
         resend = self.resent(budget, choice.view.prefix)
@@ -87,6 +87,11 @@ class CompactionMemory:
         embedding = await self.memory.embed(summary, services)  # recalled by its summary
         text = f"{summary}\n\n{record}"
         return (text if self.kind == "summary" else turns_text(text, turns)), embedding
+
+    def summarized(self, budget: Budget) -> bool:
+        """Whether a compaction under ``budget`` gives its memory a summary (inline or after):
+        not while KV pressure or ``kv_share`` has shrunk the budget with ``kv_pressure_summary`` off."""
+        return not (budget.under_kv_pressure and not self.config.kv_pressure_summary)
 
     def resent(self, budget: Budget, prefix: Sequence[Message]) -> list[Message] | None:
         """The prefix a summary resends (the conversation layout), None for the text layout: under
