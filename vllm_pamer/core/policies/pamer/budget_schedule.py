@@ -167,15 +167,21 @@ class BudgetSchedule:
         shown: tuple[int, ...],
         sent: list[Message],
         services: EngineServices,
+        near: int | None,
     ) -> int:
+        """The tokens of ``sent``: estimated from the count as received where it can be, else
+        counted; counted too once an estimate reaches ``near`` (``WINDOW_SLACK``; None: no window)."""
         received = request.prompt_tokens
-        if received is not None and not view.covered and not shown:
-            return received  # C_eff is the request itself
+        estimate = None
         offset = self._offset.get(request.session_id)
-        if received is not None and offset is not None and (offset.covered, offset.shown) == (view.covered, shown):
-            return received - offset.tokens
+        if received is not None and not view.covered and not shown:
+            estimate = received  # C_eff is the request itself
+        elif received is not None and offset is not None and (offset.covered, offset.shown) == (view.covered, shown):
+            estimate = received - offset.tokens
+        if estimate is not None and (near is None or estimate < near):
+            return estimate
         tokens = services.prompt_tokens(sent, request.tools)
-        if received is not None:
+        if received is not None and estimate is None:
             self._offset[request.session_id] = Offset(view.covered, shown, received - tokens)
         return tokens
 
@@ -206,11 +212,10 @@ class BudgetSchedule:
         by_id = {m.id: m for m in searchable}
         shown = [by_id[i] for i in shown_ids]
         sent = list(view.prefix) + self._shown_messages(shown) + flatten(view.live)
-        sent_tokens = self._sent_tokens(request, view, shown_ids, sent, services)
         window = services.max_model_len
         answer = answer_room(request.answer_tokens, window) if window else 0
-        if window and sent_tokens + answer + WINDOW_SLACK >= window and request.prompt_tokens is not None:
-            sent_tokens = services.prompt_tokens(sent, request.tools)  # near the window: counted, not estimated
+        near = window - answer - WINDOW_SLACK if window else None
+        sent_tokens = self._sent_tokens(request, view, shown_ids, sent, services, near)
         fits = not window or sent_tokens + answer < window
         control = None
         if self.control is not None and sent_tokens >= budget.band_low:  # read only where it can decide
