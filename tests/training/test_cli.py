@@ -124,6 +124,9 @@ def test_end_to_end_train_writes_loadable_heads(tmp_path):
     assert "Labels by the `reference` annotator: the reference rule's silver labels" in text
     for needed in ("Beside the paper", "Does the hidden state beat the controls", "Across layers", "0.831", "0.758"):
         assert needed in text
+    # heads that rank the labels beat noise controls by the paired test on the same test points
+    verdict = next(line for line in text.splitlines() if line.startswith("- Hidden, full context, mlp (teacher)"))
+    assert "**beats**" in verdict and "paired task bootstrap p = 0.0" in verdict, verdict
     pytest.importorskip("matplotlib")
     assert (report / "roc.png").stat().st_size > 1000 and (report / "auroc.png").stat().st_size > 1000
 

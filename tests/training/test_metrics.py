@@ -95,3 +95,38 @@ def test_binary_metrics_and_sign_flip():
     assert metrics.sign_flip_p([0.1, 0.2, 0.05, 0.3, 0.1]) == pytest.approx(2 / 32)
     assert metrics.sign_flip_p([0.1, -0.1]) == 1.0
     assert metrics.mean_sd([1.0, 2.0, 3.0]) == (2.0, 1.0)
+
+
+def _fold(rng, n_tasks=12, per_task=10, signal_a=2.0, signal_b=0.0):
+    groups = np.repeat([f"task{k}" for k in range(n_tasks)], per_task)
+    y = rng.integers(0, 2, size=groups.size)
+    return metrics.Fold(
+        y, y * signal_a + rng.normal(size=y.size), y * signal_b + rng.normal(size=y.size), groups.astype(object)
+    )
+
+
+def test_paired_auroc_test_finds_a_real_difference_and_no_false_one():
+    rng = np.random.default_rng(0)
+    better = [_fold(rng) for _ in range(5)]
+    c = metrics.paired_auroc_test(better, n_boot=500)
+    assert c["folds"] == 5 and c["delta"] > 0.3
+    assert c["lo"] > 0 and c["p"] < 0.01
+    same = [metrics.Fold(f.y, f.scores_a, f.scores_a.copy(), f.groups) for f in better]
+    c = metrics.paired_auroc_test(same, n_boot=200)
+    assert c["delta"] == 0 and c["p"] == 1.0
+    noise = [_fold(rng, signal_a=0.5, signal_b=0.5) for _ in range(5)]
+    assert metrics.paired_auroc_test(noise, n_boot=500)["p"] > 0.05
+
+
+def test_paired_auroc_test_draws_whole_tasks_and_skips_one_class_folds():
+    rng = np.random.default_rng(1)
+    fold = _fold(rng, n_tasks=6, per_task=20)
+    one_class = metrics.Fold(np.ones(4, dtype=int), np.arange(4.0), np.arange(4.0), np.array(["t"] * 4, dtype=object))
+    c = metrics.paired_auroc_test([fold, one_class], n_boot=300)
+    assert c["folds"] == 1
+    assert c["delta"] == pytest.approx(metrics.auroc(fold.y, fold.scores_a) - metrics.auroc(fold.y, fold.scores_b))
+    # the draw is by task, never by point: with all points in one task every draw is the whole fold
+    pooled = metrics.Fold(fold.y, fold.scores_a, fold.scores_b, np.array(["all"] * fold.y.size, dtype=object))
+    single = metrics.paired_auroc_test([pooled], n_boot=50)
+    assert single["lo"] == single["hi"] == pytest.approx(c["delta"])  # one task: every draw is the whole fold
+    assert math.isnan(metrics.paired_auroc_test([one_class])["delta"])

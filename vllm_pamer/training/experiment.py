@@ -105,7 +105,7 @@ class ExperimentResult:
     methods: dict[str, Method]
     seeds: list[dict[str, Any]] = field(default_factory=list)
     """Per seed: split sizes, rho, and per method: threshold, val / test metrics,
-    test labels and scores (for ROC curves)."""
+    test labels, sources, tasks and scores (ROC curves, the paired test)."""
     exported: list[dict[str, np.ndarray]] = field(default_factory=list)
     thresholds: list[float] = field(default_factory=list)
     export_method: str = ""
@@ -302,6 +302,7 @@ def _run_experiment(full, recent2, meta, config: TrainConfig, texts, log) -> Exp
             "test_positive_rate": float(y[test].mean()) if test.size else float("nan"),
             "test_labels": y[test].copy(),
             "test_sources": np.asarray([str(meta[i].get("source", "?")) for i in test], dtype=object),
+            "test_groups": np.asarray([groups[i] for i in test], dtype=object),
             "methods": {},
         }
         record = seed_out["methods"]

@@ -1,6 +1,6 @@
 """The report of ``vllm-pamer train``: ``report.md`` (methods against the
-observable controls and the paper's numbers, per-source AUROC, verdicts with
-sign-flip tests), ``results.json`` and the ROC / AUROC plots. Reads an
+observable controls and the paper's numbers, per-source AUROC, verdicts by
+a paired task bootstrap), ``results.json`` and the ROC / AUROC plots. Reads an
 ``ExperimentResult`` of ``experiment.run_experiment``; fits nothing.
 
 Longer than 400 lines because it is one document: its sections, tables,
@@ -20,7 +20,10 @@ import numpy as np
 
 from vllm_pamer.training.annotate import annotator_definition
 from vllm_pamer.training.experiment import ExperimentResult
-from vllm_pamer.training.metrics import roc_curve, sign_flip_p
+from vllm_pamer.training.metrics import BOOT_DRAWS, Fold, auroc, paired_auroc_test, roc_curve, sign_flip_p
+
+SIGNIFICANT = 0.05
+"""The paired test's p below which a verdict reads \"beats\"."""
 
 # The PaMER paper's numbers: test means over five question-grouped splits.
 # Keys are our method roles; "head" rows quote the no-hint probes of Table 8
@@ -181,19 +184,49 @@ def _plots(result: ExperimentResult, report_dir: Path) -> list[str]:
     return written
 
 
-def _comparison(result: ExperimentResult, key: str, against: str) -> dict[str, float]:
-    d = [
-        s["methods"][key]["test"]["auroc"] - s["methods"][against]["test"]["auroc"]
-        for s in result.seeds
-        if key in s["methods"] and against in s["methods"]
-    ]
+def _comparison(result: ExperimentResult, key: str, against: str, source: str | None = None) -> dict[str, float]:
+    """``key`` minus ``against`` in test AUROC on the same points (within
+    ``source`` when given): the mean over seeds, the seeds it wins, the
+    sign-flip p over seeds and the paired task bootstrap (``paired_auroc_test``)."""
+    folds, d = [], []
+    for s in result.seeds:
+        if key not in s["methods"] or against not in s["methods"]:
+            continue
+        mask = s["test_sources"] == source if source is not None else np.ones(len(s["test_labels"]), dtype=bool)
+        fold = Fold(
+            s["test_labels"][mask],
+            s["methods"][key]["test_scores"][mask],
+            s["methods"][against]["test_scores"][mask],
+            s["test_groups"][mask],
+        )
+        folds.append(fold)
+        d.append(auroc(fold.y, fold.scores_a) - auroc(fold.y, fold.scores_b))
     d = [x for x in d if math.isfinite(x)]
+    paired = paired_auroc_test(folds)
     return {
         "delta": float(np.mean(d)) if d else float("nan"),
         "wins": sum(x > 0 for x in d),
         "n": len(d),
-        "p": sign_flip_p(d),
+        "p_seeds": sign_flip_p(d),
+        "lo": paired["lo"],
+        "hi": paired["hi"],
+        "p": paired["p"],
     }
+
+
+def _paired_text(c: Mapping[str, float]) -> str:
+    return (
+        f"Δ = {c['delta']:+.3f} (95% CI {c['lo']:+.3f} to {c['hi']:+.3f}, paired task bootstrap p = {c['p']:.4f}; "
+        f"{c['wins']}/{c['n']} splits better, sign-flip p = {c['p_seeds']:.4f})"
+    )
+
+
+def _verdict(c: Mapping[str, float]) -> str:
+    if c["delta"] > 0 and c["p"] < SIGNIFICANT:
+        return "**beats**"
+    if c["delta"] > 0:
+        return "is above, **not significantly**,"
+    return "**does not beat**"
 
 
 def _verdict_line(result: ExperimentResult, key: str, best_control: str) -> str:
@@ -202,13 +235,7 @@ def _verdict_line(result: ExperimentResult, key: str, best_control: str) -> str:
     control = result.methods[best_control].label
     if not math.isfinite(c["delta"]):
         return f"- {label}: no comparable seeds."
-    if c["delta"] > 0 and c["wins"] == c["n"]:
-        verdict = "**beats** the best control on every split"
-    elif c["delta"] > 0:
-        verdict = f"beats the best control on average but **not on every split** ({c['wins']}/{c['n']})"
-    else:
-        verdict = f"**does not beat** the best control ({c['wins']}/{c['n']} splits better)"
-    return f"- {label}: {verdict}; ΔAUROC vs {control} = {c['delta']:+.3f} (sign-flip p = {c['p']:.4f})."
+    return f"- {label} {_verdict(c)} {control}: {_paired_text(c)}."
 
 
 def write_report(
@@ -361,27 +388,27 @@ def write_report(
                 lines.append(f"- Within `{source}`: AUROC undefined on some split (one class only).")
                 continue
             best = max(finite, key=lambda k: by_source[k][source][0])
-            delta = by_source[hidden][source][0] - by_source[best][source][0]
+            c = _comparison(result, hidden, best, source)
             lines.append(
                 f"- Within `{source}` only: the exported heads ({result.methods[hidden].label}) reach "
                 f"{fmt_estimate(by_source[hidden][source])} against {fmt_estimate(by_source[best][source])} "
-                "for the best control there "
-                f"({result.methods[best].label}): {'**beats**' if delta > 0 else '**does not beat**'} it "
-                f"(Δ = {delta:+.3f})."
+                f"for the best control there ({result.methods[best].label}): {_verdict(c)} it, {_paired_text(c)}."
             )
     kd, plain = f"recent2_{cfg.head}_kd", f"recent2_{cfg.head}"
     if plain in summary:
         c = _comparison(result, kd, plain)
         df1 = summary[kd]["f1"][0] - summary[plain]["f1"][0]
         lines.append(
-            f"- Decision distillation vs plain Recent2: ΔAUROC {c['delta']:+.3f} (sign-flip p = {c['p']:.4f}), "
+            f"- Decision distillation vs plain Recent2: ΔAUROC {_paired_text(c)}, "
             f"ΔF1 {df1:+.3f} (paper: +0.0058 AUROC, +0.057 F1 for compression, Table 10)."
         )
     lines += [
         "",
-        "With five seeds the smallest two-sided sign-flip p is 2/32 = 0.0625 (paper A.6), so no difference here is "
-        "significant at 0.05 by that test; the per-seed columns show how consistent a difference is. Decision "
-        "points within a trajectory are dependent, and the split unit is the task.",
+        "The verdicts read the paired task bootstrap: both methods scored on the same test points, each of "
+        f"{BOOT_DRAWS:,} draws resampling every split's test tasks with replacement (decision points of one task are "
+        f'dependent, and the split unit is the task); "beats" means Δ > 0 with p < {SIGNIFICANT:g}. With five '
+        "seeds the smallest two-sided sign-flip p over seeds is 2/32 = 0.0625 (paper A.6), so that test, printed "
+        "beside it, cannot reach 0.05; it shows how consistent a difference is across splits.",
         "",
         "Caveats when reading these against the paper: our labels are an offline annotator's *silver* labels "
         "(above; docs/annotation.md), not an LLM annotator's; the model is the served model (here "
@@ -455,7 +482,7 @@ def results_json(result: ExperimentResult, inputs: Mapping[str, Any] | None = No
     for s in result.seeds:
         seeds.append(
             {
-                **{k: v for k, v in s.items() if k not in ("methods", "test_labels", "test_sources")},
+                **{k: v for k, v in s.items() if k not in ("methods", "test_labels", "test_sources", "test_groups")},
                 "methods": {
                     key: {k: v for k, v in entry.items() if k != "test_scores"} for key, entry in s["methods"].items()
                 },
