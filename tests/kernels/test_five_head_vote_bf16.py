@@ -14,7 +14,7 @@ from vllm_pamer.core.heads import load_heads
 from vllm_pamer.default_model import ensure_default_model, shipped_heads
 from vllm_pamer.kernels import FiveHeadVote
 from vllm_pamer.offline_engine import CaptureEngine
-from vllm_pamer.training.extract import ChatPrompter
+from vllm_pamer.training.prompts import ChatPrompter
 from vllm_pamer.trajectories import agent_requests, load_trajectories
 
 pytestmark = pytest.mark.engine

@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from tests.support.training_fixtures import synthetic_states, write_shards
+from tests.support.training_fixtures import synthetic_states, write_shards, write_states_dir
 from vllm_pamer.training.annotate import DecisionPoint
-from vllm_pamer.training.data import StatesError, load_states, relabel
+from vllm_pamer.training.data import StatesError, load_states, relabel, shard_complete
 
 
 def test_load_states_round_trip_and_completeness(tmp_path):
@@ -45,6 +45,21 @@ def test_load_states_round_trip_and_completeness(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(StatesError, match="manifest"):
         load_states(tmp_path / "empty")
+
+
+def test_states_of_the_full_context_alone_read_back_without_recent2(tmp_path):
+    full, _, meta = synthetic_states(d=8, n_tau=2, n_swe=2)
+    write_states_dir(tmp_path / "s", {"full": full}, meta, 2, inputs=["full"])
+    f2, r2, m2 = load_states(tmp_path / "s")
+    np.testing.assert_array_equal(f2, full)
+    assert r2 is None and m2 == meta
+    keys = [(m["trajectory_id"], m["message_index"]) for m in meta[: len(np.array_split(meta, 2)[0])]]
+    assert shard_complete(tmp_path / "s", 0, keys, inputs=("full",))
+    assert not shard_complete(tmp_path / "s", 0, keys)  # a run of both inputs would compute it again
+    # a manifest that names both inputs over shards of one is refused, not read short
+    write_states_dir(tmp_path / "t", {"full": full}, meta, 1)
+    with pytest.raises(StatesError, match="recent2"):
+        load_states(tmp_path / "t")
 
 
 def test_relabel_takes_another_annotators_labels_by_point():

@@ -18,16 +18,8 @@ from vllm_pamer.core.render import render_tools_as_text
 from vllm_pamer.offline_engine import CaptureEngine
 from vllm_pamer.training.annotate import annotate_trajectory, char_counter
 from vllm_pamer.training.data import StatesError, load_data, load_labels, load_layer_states, load_states
-from vllm_pamer.training.extract import (
-    ChatPrompter,
-    ExtractError,
-    extract,
-    join_points,
-    run_manifest,
-    select_points,
-    token_limit,
-    truncate_ids,
-)
+from vllm_pamer.training.extract import ExtractError, extract, join_points, run_manifest, select_points
+from vllm_pamer.training.prompts import ChatPrompter, token_limit
 from vllm_pamer.trajectories import load_trajectories
 
 pytestmark = pytest.mark.engine
@@ -78,22 +70,14 @@ def _expected_ids(tokenizer, messages, keep_head):
     if len(ids) <= limit:
         return ids, len(ids), False
     head = min(keep_head, limit // 2)  # 2048 is scaled down to the small window
-    return ids[:head] + ids[len(ids) - (limit - head) :], len(ids), True
+    step = (limit - head) // 2  # the cut moves in halves of the recent room (CUT_STRIDE)
+    dropped = -(-(len(ids) - limit) // step) * step
+    return ids[:head] + ids[head + dropped :], len(ids), True
 
 
 def _cosines(states: np.ndarray, reference: torch.Tensor) -> np.ndarray:
     ours = torch.from_numpy(states)
     return torch.nn.functional.cosine_similarity(ours, reference, dim=1).numpy()
-
-
-def test_truncate_ids_keeps_head_and_most_recent():
-    ids = list(range(100))
-    assert truncate_ids(ids, 100, 10) == (ids, False)
-    kept, cut = truncate_ids(ids, 30, 10)
-    assert cut and kept == list(range(10)) + list(range(80, 100))
-    kept, _ = truncate_ids(ids, 30, 2048)  # head scaled to half the limit
-    assert kept == list(range(15)) + list(range(85, 100))
-    assert token_limit(8192) == 8191 and token_limit(131072) == 35000
 
 
 @pytest.mark.parametrize("keep_head", [64, 2048])
@@ -184,6 +168,15 @@ def test_resume_and_settings_guard(engine, labelled, tmp_path):
             settings={"dtype": "float32"},
             progress=False,
         )
+    with pytest.raises(StatesError, match="other settings"):  # the full context alone is another run
+        extract(points, out, prompter, no_engine, shard_size=SHARD, settings={"dtype": "float32"}, inputs=["full"])
+
+    # the full context alone: the same states, half the prompts, no Recent2 to read
+    alone = extract(points, tmp_path / "full", prompter, live, shard_size=SHARD, progress=False, inputs=["full"])
+    assert (alone.computed_points, alone.inputs) == (12, 1)
+    full4, recent2_4, meta4 = load_states(tmp_path / "full")
+    assert recent2_4 is None and np.allclose(full4, full, atol=1e-4)
+    assert meta4 == meta  # Recent2's token counts too: the length control reads them
 
 
 def test_layerwise_states_match_hf(labelled, tmp_path, tokenizer_dir):

@@ -120,13 +120,40 @@ def test_paired_auroc_test_finds_a_real_difference_and_no_false_one():
 
 def test_paired_auroc_test_draws_whole_tasks_and_skips_one_class_folds():
     rng = np.random.default_rng(1)
-    fold = _fold(rng, n_tasks=6, per_task=20)
+    fold = _fold(rng, n_tasks=12, per_task=20)
     one_class = metrics.Fold(np.ones(4, dtype=int), np.arange(4.0), np.arange(4.0), np.array(["t"] * 4, dtype=object))
     c = metrics.paired_auroc_test([fold, one_class], n_boot=300)
-    assert c["folds"] == 1
+    assert c["folds"] == 1 and c["tasks"] == 12
     assert c["delta"] == pytest.approx(metrics.auroc(fold.y, fold.scores_a) - metrics.auroc(fold.y, fold.scores_b))
-    # the draw is by task, never by point: with all points in one task every draw is the whole fold
-    pooled = metrics.Fold(fold.y, fold.scores_a, fold.scores_b, np.array(["all"] * fold.y.size, dtype=object))
-    single = metrics.paired_auroc_test([pooled], n_boot=50)
-    assert single["lo"] == single["hi"] == pytest.approx(c["delta"])  # one task: every draw is the whole fold
     assert math.isnan(metrics.paired_auroc_test([one_class])["delta"])
+
+
+def test_paired_auroc_test_gives_no_p_on_too_few_tasks_or_draws():
+    rng = np.random.default_rng(3)
+    few = _fold(rng, n_tasks=metrics.MIN_TASKS - 1)
+    c = metrics.paired_auroc_test([few], n_boot=100)
+    assert math.isfinite(c["delta"]) and math.isnan(c["p"]) and math.isnan(c["lo"]) and c["tasks"] == 9
+    # every positive in one task of ten: a draw without it has one class; one draw may hold none to score
+    groups = np.asarray([f"t{k}" for k in range(10) for _ in range(4)], dtype=object)
+    y = (groups == "t0").astype(int)
+    lonely = metrics.Fold(y, rng.normal(size=40) + y, rng.normal(size=40), groups)
+    results = [metrics.paired_auroc_test([lonely], n_boot=1, seed=s) for s in range(20)]
+    assert any(math.isnan(r["p"]) for r in results) and any(math.isfinite(r["p"]) for r in results)
+
+
+def test_paired_auroc_test_moves_folds_over_one_test_split_together():
+    # five seeds scored on the same test points are one sample of tasks, not five
+    fold = _fold(np.random.default_rng(2), signal_a=1.0, signal_b=0.5)
+    one, five = metrics.paired_auroc_test([fold], n_boot=300), metrics.paired_auroc_test([fold] * 5, n_boot=300)
+    assert (five["lo"], five["hi"], five["p"]) == (one["lo"], one["hi"], one["p"])
+
+
+def test_weighted_auroc_is_the_auroc_of_the_points_drawn():
+    rng = np.random.default_rng(5)
+    y = rng.integers(0, 2, 40)
+    scores = np.round(rng.normal(size=40) + y, 1)  # ties, within and across classes
+    weights = rng.integers(0, 3, size=(6, 40)).astype(float)
+    got = metrics._weighted_auroc(y, scores, weights)
+    for row, value in zip(weights.astype(int), got):
+        assert value == pytest.approx(metrics.auroc(np.repeat(y, row), np.repeat(scores, row)))
+    assert math.isnan(metrics._weighted_auroc(y, scores, (y == 1)[None].astype(float))[0])  # one class drawn

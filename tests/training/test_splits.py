@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from vllm_pamer.training.splits import grouped_split
+from vllm_pamer.training.splits import grouped_split, held_out_split
 from vllm_pamer.trajectories import task_of
 
 
@@ -49,3 +49,20 @@ def test_grouped_split_small_and_invalid():
     assert len(train) == len(val) == len(test) == 1
     with pytest.raises(ValueError):
         grouped_split(["a", "b", "a"], 0)
+
+
+def test_held_out_split_tests_the_marked_rows_and_groups_the_rest_by_task():
+    groups = [task_of(t) for t in _grouped_ids()]
+    test = np.asarray([g.startswith("airline-task1") for g in groups])  # tasks 1, 10-19
+    seen_val = set()
+    for seed in range(3):
+        train, val, tested = held_out_split(groups, test, seed)
+        assert np.array_equal(tested, np.flatnonzero(test))  # the same test rows for every seed
+        assert sorted(np.concatenate([train, val, tested]).tolist()) == list(range(len(groups)))
+        assert not {groups[i] for i in train} & {groups[i] for i in val}
+        tasks = {groups[i] for i in np.concatenate([train, val])}
+        assert round(0.15 * len(tasks)) == len({groups[i] for i in val})
+        seen_val.add(frozenset(groups[i] for i in val))
+    assert len(seen_val) == 3  # the seed draws the validation tasks
+    with pytest.raises(ValueError, match="test rows"):
+        held_out_split(groups, np.zeros(len(groups), dtype=bool), 0)

@@ -164,7 +164,8 @@ def _subsample(text: str) -> float:
 
 
 def build_extract_parser() -> argparse.ArgumentParser:
-    from vllm_pamer.training.extract import KEEP_HEAD, PROBE_LIMIT, SHARD_SIZE
+    from vllm_pamer.training.extract import SHARD_SIZE
+    from vllm_pamer.training.prompts import CUT_STRIDE, KEEP_HEAD, PROBE_LIMIT
 
     parser = argparse.ArgumentParser(
         prog="vllm-pamer extract",
@@ -192,6 +193,13 @@ def build_extract_parser() -> argparse.ArgumentParser:
         type=int,
         default=KEEP_HEAD,
         help=f"tokens a cut prompt keeps from its start, at most half the limit (default {KEEP_HEAD})",
+    )
+    parser.add_argument(
+        "--cut-stride",
+        type=float,
+        default=CUT_STRIDE,
+        help="share of a cut prompt's recent room by which the cut moves, so the prefix cache serves a "
+        f"trajectory's cut prompts between moves; 0: the most recent tokens always (default {CUT_STRIDE})",
     )
     parser.add_argument("--n-recent", type=int, default=2, help="blocks in R_t, as annotated (default 2)")
     parser.add_argument(
@@ -232,6 +240,13 @@ def build_extract_parser() -> argparse.ArgumentParser:
         help="also tap decoder blocks (1-based, e.g. 4,8,15,22; alone: 1/8, 1/4, 1/2, 3/4 of the depth) and the "
         "final norm, last token and prompt mean, for the layerwise report; turns prefix caching off (slower)",
     )
+    parser.add_argument(
+        "--inputs",
+        choices=("full,recent2", "full"),
+        default="full,recent2",
+        help="states per point: the full context and Recent2 (default), or the full context alone (what the "
+        "server's heads read; about half the work: Recent2 prompts share only P with the others)",
+    )
     parser.add_argument("--no-progress", action="store_true")
     return parser
 
@@ -243,14 +258,8 @@ def extract_main(argv: Sequence[str] | None = None) -> int:
     prepare_vllm_cpu()
     from vllm_pamer.model_config import model_max_len
     from vllm_pamer.offline_engine import CaptureEngine, CaptureError, check_architecture
-    from vllm_pamer.training.extract import (
-        ChatPrompter,
-        ExtractError,
-        extract,
-        join_points,
-        select_points,
-        token_limit,
-    )
+    from vllm_pamer.training.extract import ExtractError, extract, join_points, select_points
+    from vllm_pamer.training.prompts import ChatPrompter, token_limit
     from vllm_pamer.worker.layer_taps import blocks_at_depths
 
     parser = build_extract_parser()
@@ -288,7 +297,12 @@ def extract_main(argv: Sequence[str] | None = None) -> int:
             parser.exit(2, f"vllm-pamer extract: --layers: block {layers[-1]} asked for, the model has {num_layers}\n")
 
     tokenizer = AutoTokenizer.from_pretrained(model)
-    prompter = ChatPrompter(tokenizer, token_limit(max_model_len, args.probe_limit), args.keep_head)
+    try:
+        prompter = ChatPrompter(
+            tokenizer, token_limit(max_model_len, args.probe_limit), args.keep_head, args.cut_stride
+        )
+    except ValueError as exc:
+        parser.exit(2, f"vllm-pamer extract: {exc}\n")
     settings = {
         "model": model,
         "max_model_len": max_model_len,
@@ -320,6 +334,7 @@ def extract_main(argv: Sequence[str] | None = None) -> int:
             settings=settings,
             progress=not args.no_progress,
             layers=layers,
+            inputs=args.inputs.split(","),
         )
     except (ExtractError, CaptureError, StatesError) as exc:
         parser.exit(1, f"vllm-pamer extract: {exc}\n")
@@ -329,7 +344,7 @@ def extract_main(argv: Sequence[str] | None = None) -> int:
     )
     if result.computed_points:
         print(
-            f"computed {2 * result.computed_points} states in {result.extract_s:.1f} s "
+            f"computed {result.inputs * result.computed_points} states in {result.extract_s:.1f} s "
             f"({result.states_per_s:.2f} states/s; engine start {result.engine_start_s:.1f} s)"
         )
     return 0
@@ -362,6 +377,12 @@ def train_main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--head", choices=("mlp", "linear"), default="mlp", help="teacher / student / exported head (default mlp)"
+    )
+    parser.add_argument(
+        "--held-out",
+        action="store_true",
+        help="test on the evaluation split (vllm_pamer/data/splits.json) at every seed, train and validate on the "
+        "tuning split's tasks (the layerwise diagnostic keeps its own splits); default: 70/15/15 of all rows by task",
     )
     parser.add_argument(
         "--export",
@@ -425,8 +446,8 @@ def train_main(argv: Sequence[str] | None = None) -> int:
     from vllm_pamer.default_model import ensure_default_model
     from vllm_pamer.model_config import model_fingerprint
     from vllm_pamer.training.controls import read_texts, recent2_texts
-    from vllm_pamer.training.experiment import TrainConfig, run_experiment, torch_threads
-    from vllm_pamer.training.probes import stack_heads
+    from vllm_pamer.training.experiment import TrainConfig, run_experiment
+    from vllm_pamer.training.probes import stack_heads, torch_threads
 
     fingerprint = model_fingerprint(args.model or ensure_default_model(quiet=True))
     try:
@@ -455,6 +476,7 @@ def train_main(argv: Sequence[str] | None = None) -> int:
         head=args.head,
         export=args.export,
         seeds=seeds,
+        held_out=args.held_out,
         epochs=args.epochs,
         lr=args.lr,
         batch_size=args.batch_size,
@@ -465,6 +487,8 @@ def train_main(argv: Sequence[str] | None = None) -> int:
         min_votes=args.min_votes,
         threads=args.threads or None,
     )
+    if recent2 is None and config.export == "student":
+        sys.exit("vllm-pamer train: --export student needs Recent2 states; these were extracted with --inputs full")
     result = run_experiment(full, recent2, meta, config, texts=texts)
 
     from vllm_pamer.core.heads import save_heads

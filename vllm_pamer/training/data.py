@@ -4,9 +4,10 @@
 only writer and the only reader of the states format.
 
 An extraction directory holds ``manifest.json`` (the run's settings, the
-planned shard count ``shards`` and, for a ``--layers`` run, the tap names
-``layers``), then per shard ``states-00000.safetensors`` (tensors ``full`` and
-``recent2``, ``[n, d]`` float32; with ``--layers`` also ``layers_last`` and
+planned shard count ``shards``, for a ``--layers`` run the tap names
+``layers``, for a run of the full context alone ``inputs``), then per shard
+``states-00000.safetensors`` (tensors ``full`` and ``recent2`` or ``full``
+alone, ``[n, d]`` float32; with ``--layers`` also ``layers_last`` and
 ``layers_mean``, ``[n, taps, d]``) and ``states-00000.jsonl`` (one metadata
 line per row). Both shard files are written to a temporary name and renamed,
 the JSON lines last.
@@ -55,9 +56,16 @@ def _read_meta(path: Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in handle if line.strip()]
 
 
-def shard_complete(out_dir: Path, index: int, keys: Sequence[tuple[str, int]], layered: bool = False) -> bool:
+def shard_complete(
+    out_dir: Path,
+    index: int,
+    keys: Sequence[tuple[str, int]],
+    layered: bool = False,
+    inputs: Sequence[str] = STATE_NAMES,
+) -> bool:
     """Whether shard ``index`` holds exactly the points ``keys`` (resume):
-    its JSON lines name them in order and every tensor has as many rows."""
+    its JSON lines name them in order and every tensor (``inputs``, and the
+    taps when ``layered``) has as many rows."""
     tensors_path, meta_path = shard_paths(out_dir, index)
     if not (tensors_path.exists() and meta_path.exists()):
         return False
@@ -68,14 +76,14 @@ def shard_complete(out_dir: Path, index: int, keys: Sequence[tuple[str, int]], l
         from safetensors import safe_open
 
         with safe_open(str(tensors_path), framework="numpy") as f:
-            names = STATE_NAMES + (LAYER_NAMES if layered else ())
+            names = tuple(inputs) + (LAYER_NAMES if layered else ())
             return all(name in f.keys() and f.get_slice(name).get_shape()[0] == len(keys) for name in names)  # noqa: SIM118
     except Exception:
         return False
 
 
 def write_shard(out_dir: Path, index: int, tensors: Mapping[str, np.ndarray], meta: list[dict]) -> None:
-    """``tensors``: ``full``, ``recent2`` (and the layer taps), ``len(meta)`` rows each."""
+    """``tensors``: ``full``, ``recent2`` unless left out (and the layer taps), ``len(meta)`` rows each."""
     from safetensors.numpy import save_file
 
     tensors_path, meta_path = shard_paths(out_dir, index)
@@ -173,12 +181,14 @@ def _read_shards(
 
 def load_states(
     out_dir: str | Path, allow_partial: bool = False
-) -> tuple[np.ndarray, np.ndarray, list[dict[str, Any]]]:
-    """``(full [n, d], recent2 [n, d], meta)`` of an extraction directory, rows
-    in shard order; ``meta[k]`` describes row ``k``."""
+) -> tuple[np.ndarray, np.ndarray | None, list[dict[str, Any]]]:
+    """``(full [n, d], recent2 [n, d] or None, meta)`` of an extraction
+    directory, rows in shard order; ``meta[k]`` describes row ``k``; None:
+    extracted without Recent2 (``--inputs full``)."""
     out_dir = Path(out_dir)
-    tensors, meta = _read_shards(out_dir, read_manifest(out_dir), STATE_NAMES, 2, allow_partial)
-    return tensors["full"], tensors["recent2"], meta
+    manifest = read_manifest(out_dir)
+    tensors, meta = _read_shards(out_dir, manifest, tuple(manifest.get("inputs", STATE_NAMES)), 2, allow_partial)
+    return tensors["full"], tensors.get("recent2"), meta
 
 
 def load_layer_states(

@@ -1,44 +1,40 @@
 """The experiment of ``vllm-pamer train``: the five compression heads measured
 against observable controls (PaMER paper §3.1-3.4, Appendix A.2-A.4 and B.2).
 
-Input: the rows of an extraction directory (``vllm_pamer.training.data.load_states``):
-``full`` [n, d] = final-norm state of the last token of the full served
-context, ``recent2`` [n, d] = the same for the compact ``P + R_t`` input, and
-one metadata dict per row (trajectory_id, source, step, message_index,
-full_tokens, recent2_tokens, truncated, turn, last_tool, recall, compression).
+Input: the rows of an extraction directory (``data.load_states``): ``full``
+[n, d] = final-norm state of the last token of the full served context,
+``recent2`` [n, d] = the same for the compact ``P + R_t`` input (None when
+extracted without it: the Recent2 rows are then left out), and one metadata
+dict per row (trajectory_id, source, step, message_index, tokens, turn,
+last_tool, recall, compression).
 
-Protocol, per seed s in 0..4 (the seed fixes both the split and the init):
+Protocol, per seed (it fixes both the split and the init):
 
-* rows whose target label is None are dropped; the rest are split 70/15/15 by
-  *task* (``trajectories.task_of``: ``airline-task14-trial3`` -> ``airline-task14``;
-  any other id is its own task), so every trial of a task lies in one split;
+* rows whose target label is None are dropped; the rest are split by *task*
+  (``trajectories.task_of``: all trials of a tau-bench task together):
+  ``fractions`` of all rows, or (``held_out``) tested on the evaluation split;
 * inputs are standardized with train-split statistics (folded into the
   exported weights, so the served heads read raw states);
-* heads (``probes``: linear ``w.h + b`` or MLP ``w2 . GELU(W1 h + b1) + b2``,
-  width 256, exact-erf GELU as ``kernels.five_head_vote_reference``) are
-  trained with AdamW (lr 1e-3, batch 256, 50 epochs) on class-weighted BCE
-  with ``rho = N-/N+`` of the train split (eq. 4); the checkpoint is the epoch
-  with the lowest validation label loss (WBCE);
+* heads (``probes``: linear or MLP, exact-erf GELU as
+  ``kernels.five_head_vote_reference``) are trained with AdamW on
+  class-weighted BCE, ``rho = N-/N+`` of the train split (eq. 4); the
+  checkpoint is the epoch of lowest validation label loss;
 * the teacher is the head on full-context states; the student reads Recent2
-  states and adds decision distillation ``0.5 * BCEWithLogits(z, sigmoid(teacher))``
-  (eq. 25), the teacher scoring the same decision points;
+  states with decision distillation (eq. 25), the teacher scoring the same points;
 * each method's threshold is the validation-F1-best one (eq. 14), then fixed
-  for the test split; AUROC (primary), AUPRC and F1 are measured on test;
+  for test, where AUROC (primary), AUPRC and F1 are measured;
 * controls (``controls``) on the same splits: logistic regressions on length
-  + turn, last tool type, length + turn + tool type, and Recent2 TF-IDF when
-  texts exist.
+  + turn, last tool type, both, and Recent2 TF-IDF when texts exist.
 
 Output: an ``ExperimentResult``: per seed and method the metrics and test
 scores (``report`` writes them up), and one exported head per seed with its
 threshold in logit space (``probes.stack_heads`` makes the heads file).
 
-Which heads are exported (``TrainConfig.export``): the server evaluates the
-heads on the state captured at the prefill of the *served* request, which is
-the full (effective) context, not a separate ``P + R_t`` pass. ``full``
-(default) exports the heads trained on full-context states, the distribution
-the server feeds them; ``student`` exports the Recent2 distillation students
-as the paper deploys them (its extractor reads ``P + R_t``). The student is
-also measured on full-context states, to show what the mismatch costs.
+Which heads are exported (``TrainConfig.export``): ``full`` (default), those
+trained on full-context states, the state the server captures at the prefill
+of the served request; ``student``, the Recent2 distillation students as the
+paper deploys them (its extractor reads ``P + R_t``). The student is also
+measured on full-context states, to show what the mismatch costs.
 """
 
 from __future__ import annotations
@@ -46,7 +42,6 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,9 +50,16 @@ import torch
 
 from vllm_pamer.training.controls import TfidfCorpus, fit_logistic, length_turn_features, tool_one_hot
 from vllm_pamer.training.metrics import auroc, binary_metrics, mean_sd, select_threshold
-from vllm_pamer.training.probes import HIDDEN_WIDTH, FittedHead, Standardizer, export_head, fit_head
-from vllm_pamer.training.splits import grouped_split
-from vllm_pamer.trajectories import task_of
+from vllm_pamer.training.probes import (
+    HIDDEN_WIDTH,
+    FittedHead,
+    Standardizer,
+    export_head,
+    fit_head,
+    torch_threads,
+)
+from vllm_pamer.training.splits import grouped_split, held_out_split
+from vllm_pamer.trajectories import split_of, task_of
 
 TARGETS = ("compression", "recall")
 NUM_SEEDS = 5
@@ -79,6 +81,10 @@ class TrainConfig:
     distill_weight: float = 0.5
     hidden: int = HIDDEN_WIDTH
     fractions: tuple[float, float, float] = (0.7, 0.15, 0.15)
+    held_out: bool = False
+    """Test on the evaluation split's rows (``trajectories.split_of``) at every
+    seed, train and validate on the tuning split's tasks (``fractions[1]`` of
+    them validate: ``splits.held_out_split``); False: ``fractions`` of all rows."""
     standardize: bool = True
     ablations: bool = True
     """Also train the other-architecture full-context head and the Recent2 head
@@ -86,9 +92,8 @@ class TrainConfig:
     min_votes: int = 3
     tfidf_max_features: int = 20000
     threads: int | None = 1
-    """torch CPU threads while training (restored afterwards). 1 by default: on a
-    shared 2-core machine two threads ran 5-10x slower than one (the thread
-    pool contends with other work); None leaves torch's setting."""
+    """torch CPU threads while training (restored afterwards): one, as more
+    contend with other work on a small machine; None leaves torch's setting."""
 
 
 @dataclass
@@ -141,7 +146,7 @@ class ExperimentResult:
         return out
 
 
-def _method_table(config: TrainConfig, have_texts: bool) -> dict[str, Method]:
+def _method_table(config: TrainConfig, have_texts: bool, have_recent2: bool = True) -> dict[str, Method]:
     other = "linear" if config.head == "mlp" else "mlp"
     h = config.head
     methods = [
@@ -154,9 +159,11 @@ def _method_table(config: TrainConfig, have_texts: bool) -> dict[str, Method]:
     methods.append(Method(f"full_{h}", f"Hidden, full context, {h} (teacher)", "hidden"))
     if config.ablations:
         methods.append(Method(f"full_{other}", f"Hidden, full context, {other}", "hidden"))
-        methods.append(Method(f"recent2_{h}", f"Hidden, Recent2, {h}", "hidden"))
-    methods.append(Method(f"recent2_{h}_kd", f"Hidden, Recent2, {h} + decision KD (student)", "hidden"))
-    methods.append(Method(f"recent2_{h}_kd@full", "Student applied to full-context states", "hidden"))
+    if have_recent2:
+        if config.ablations:
+            methods.append(Method(f"recent2_{h}", f"Hidden, Recent2, {h}", "hidden"))
+        methods.append(Method(f"recent2_{h}_kd", f"Hidden, Recent2, {h} + decision KD (student)", "hidden"))
+        methods.append(Method(f"recent2_{h}_kd@full", "Student applied to full-context states", "hidden"))
     return {m.key: m for m in methods}
 
 
@@ -177,22 +184,9 @@ def _evaluate(y_val, z_val, y_test, z_test) -> dict[str, Any]:
     return {"threshold": threshold, "val": val, "test": test, "test_scores": np.asarray(z_test, dtype=np.float64)}
 
 
-@contextmanager
-def torch_threads(threads: int | None):
-    """Run a block with ``threads`` torch CPU threads (None: torch's setting),
-    restoring the previous count afterwards."""
-    previous = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
-
-
 def run_experiment(
     full: np.ndarray,
-    recent2: np.ndarray,
+    recent2: np.ndarray | None,
     meta: Sequence[Mapping[str, Any]],
     config: TrainConfig | None = None,
     texts: Mapping[tuple[str, int], str] | None = None,
@@ -213,17 +207,22 @@ def _run_experiment(full, recent2, meta, config: TrainConfig, texts, log) -> Exp
         raise ValueError(f"export must be full or student, not {config.export!r}")
     started = time.monotonic()
     full = np.asarray(full, dtype=np.float32)
-    recent2 = np.asarray(recent2, dtype=np.float32)
-    if full.shape != recent2.shape or full.shape[0] != len(meta):
-        raise ValueError(f"full {full.shape}, recent2 {recent2.shape} and {len(meta)} metadata rows disagree")
+    if recent2 is None and config.export == "student":
+        raise ValueError("export student needs Recent2 states (extracted with --inputs full,recent2)")
+    recent2 = np.asarray(recent2, dtype=np.float32) if recent2 is not None else None
+    if full.shape[0] != len(meta) or (recent2 is not None and recent2.shape != full.shape):
+        shape = None if recent2 is None else recent2.shape
+        raise ValueError(f"full {full.shape}, recent2 {shape} and {len(meta)} metadata rows disagree")
 
     labels = target_labels(meta, config.target)
     keep = np.flatnonzero(labels >= 0)
     if keep.size == 0:
         raise ValueError(f"no row has a {config.target} label")
-    full, recent2, y = full[keep], recent2[keep], labels[keep]
+    full, y = full[keep], labels[keep]
+    recent2 = recent2[keep] if recent2 is not None else None
     meta = [meta[i] for i in keep]
     groups = [task_of(str(r["trajectory_id"])) for r in meta]
+    held_out = np.asarray([split_of({"id": str(r["trajectory_id"])}) == "evaluation" for r in meta])
     notes: list[str] = []
 
     document_texts = None
@@ -241,7 +240,7 @@ def _run_experiment(full, recent2, meta, config: TrainConfig, texts, log) -> Exp
         notes.append(
             "Recent2 TF-IDF skipped: no texts (pass --texts JSONL or --trajectories with the source trajectories)."
         )
-    methods = _method_table(config, document_texts is not None)
+    methods = _method_table(config, document_texts is not None, recent2 is not None)
     corpus = TfidfCorpus(document_texts) if document_texts is not None else None
 
     sources = Counter(str(r.get("source", "?")) for r in meta)
@@ -273,17 +272,16 @@ def _run_experiment(full, recent2, meta, config: TrainConfig, texts, log) -> Exp
     result = ExperimentResult(config=config, data=data, methods=methods, notes=notes)
     h = config.head
     other = "linear" if h == "mlp" else "mlp"
-    fit_kwargs: dict[str, Any] = dict(
-        epochs=config.epochs,
-        lr=config.lr,
-        batch_size=config.batch_size,
-        weight_decay=config.weight_decay,
-        hidden=config.hidden,
-    )
+    fit_kwargs: dict[str, Any] = {
+        k: getattr(config, k) for k in ("epochs", "lr", "batch_size", "weight_decay", "hidden")
+    }
 
     for seed in config.seeds:
         t0 = time.monotonic()
-        train, val, test = grouped_split(groups, seed, config.fractions)
+        if config.held_out:
+            train, val, test = held_out_split(groups, held_out, seed, config.fractions[1])
+        else:
+            train, val, test = grouped_split(groups, seed, config.fractions)
         n_pos = int(y[train].sum())
         n_neg = int(train.size - n_pos)
         if n_pos == 0 or n_neg == 0:
@@ -330,9 +328,11 @@ def _run_experiment(full, recent2, meta, config: TrainConfig, texts, log) -> Exp
         def standardizer(states: np.ndarray) -> Standardizer:
             return Standardizer.fit(states[train]) if config.standardize else Standardizer.identity(states.shape[1])
 
-        std_full, std_recent = standardizer(full), standardizer(recent2)
-        xf = {name: std_full(full[idx]) for name, idx in (("train", train), ("val", val), ("test", test))}
-        xr = {name: std_recent(recent2[idx]) for name, idx in (("train", train), ("val", val), ("test", test))}
+        splits = (("train", train), ("val", val), ("test", test))
+        std_full = standardizer(full)
+        std_recent = standardizer(recent2) if recent2 is not None else std_full
+        xf = {name: std_full(full[idx]) for name, idx in splits}
+        xr = {name: std_recent(recent2[idx]) for name, idx in splits} if recent2 is not None else None
 
         def train_head(xs, kind, teacher=None) -> FittedHead:
             head, epoch, loss = fit_head(
@@ -357,24 +357,25 @@ def _run_experiment(full, recent2, meta, config: TrainConfig, texts, log) -> Exp
         fitted[f"full_{h}"] = teacher = train_head(xf, h)
         if config.ablations:
             fitted[f"full_{other}"] = train_head(xf, other)
-            fitted[f"recent2_{h}"] = train_head(xr, h)
-        with torch.no_grad():
-            q_train = torch.sigmoid(teacher.head(xf["train"]))
-        fitted[f"recent2_{h}_kd"] = student = train_head(xr, h, teacher=q_train)
+        if xr is not None:
+            if config.ablations:
+                fitted[f"recent2_{h}"] = train_head(xr, h)
+            with torch.no_grad():
+                q_train = torch.sigmoid(teacher.head(xf["train"]))
+            fitted[f"recent2_{h}_kd"] = train_head(xr, h, teacher=q_train)
         for key, model in fitted.items():
-            z_val, z_test = scores(model, xf if model.standardizer is std_full else xr)
+            z_val, z_test = scores(model, xr if key.startswith("recent2") else xf)
             record[key] = _evaluate(y[val], z_val, y[test], z_test)
             record[key]["best_epoch"] = model.best_epoch
-        # the student on the states the server captures (full context), its own
-        # standardization and threshold, as the exported weights would run
-        z_val = student.logits(full[val])
-        z_test = student.logits(full[test])
-        record[f"recent2_{h}_kd@full"] = {
-            "threshold": record[f"recent2_{h}_kd"]["threshold"],
-            "val": binary_metrics(y[val], z_val, record[f"recent2_{h}_kd"]["threshold"]),
-            "test": binary_metrics(y[test], z_test, record[f"recent2_{h}_kd"]["threshold"]),
-            "test_scores": z_test,
-        }
+        if xr is not None:  # the student on the states the server captures (full context), as exported
+            student, kd = fitted[f"recent2_{h}_kd"], record[f"recent2_{h}_kd"]
+            z_val, z_test = student.logits(full[val]), student.logits(full[test])
+            record[f"recent2_{h}_kd@full"] = {
+                "threshold": kd["threshold"],
+                "val": binary_metrics(y[val], z_val, kd["threshold"]),
+                "test": binary_metrics(y[test], z_test, kd["threshold"]),
+                "test_scores": z_test,
+            }
         # decision agreement with the teacher on test (eq. 24)
         teacher_decision = record[f"full_{h}"]["test_scores"] > record[f"full_{h}"]["threshold"]
         for key in (f"recent2_{h}_kd", f"recent2_{h}"):

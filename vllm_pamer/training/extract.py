@@ -1,7 +1,10 @@
 """Prefill states for the memory heads: ``vllm-pamer extract``.
 
 For every labelled decision point (``vllm-pamer annotate``), the served model's
-final-norm state at the last prompt token, for two inputs:
+final-norm state at the last prompt token, for two inputs (``--inputs``: both,
+or ``full`` alone, which halves the work where only the server's input is
+wanted: Recent2 prompts share only P with the others, so the cache serves little
+of them):
 
 * ``full``: the context as served, ``messages[:i]`` (P + O + R);
 * ``recent2``: the paper's compact input P + R_t (the prefix and the
@@ -13,23 +16,20 @@ the same capture path as serving (``vllm_pamer.worker.capture``: the rows
 code path. Each prompt is one request with ``max_tokens=1`` tagged with a
 capture key.
 
-Token ids are what the server would send: the messages rendered as the server
-renders them (tool calls as text for templates without tool support), then the
-served chat template with ``add_generation_prompt=True``. A prompt longer than
-``limit = min(max_model_len - 1, probe_limit)`` (probe limit 35,000) keeps its
-first ``head = min(keep_head, limit // 2)`` tokens (``keep_head`` 2,048) and
-its most recent ``limit - head`` tokens.
+Token ids are what the server would send, cut to the probe's limit
+(``prompts.py``).
 
 Batching and prefix caching: the points are ordered by trajectory (data file
 order) and step, and one shard's prompts go to the engine in one
 ``LLM.generate`` call, in that order (full_t, recent2_t, full_t+1, ...).
 ``full_t`` is a prefix of ``full_t+1`` (the generation prompt opens the next
-assistant message), and every prompt of a trajectory starts with P, so the
-prefix cache serves most of each prompt.
+assistant message; for cut prompts, while the cut has not moved), and every
+prompt of a trajectory starts with P, so the prefix cache serves most of each
+prompt.
 
 Output (``--out DIR``): the states format of ``vllm_pamer.training.data``
-(a manifest, then shards of ``full`` / ``recent2`` tensors and metadata
-lines). A run skips the shards that are complete for its points (resume); a
+(a manifest, then shards of ``full`` and ``recent2`` tensors, or ``full``
+alone, and metadata lines). A run skips the shards that are complete for its points (resume); a
 directory made with other settings is refused.
 
 Layerwise (``--layers``, the paper's depth diagnostic): the worker also taps
@@ -47,6 +47,7 @@ import hashlib
 import json
 import math
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,92 +55,21 @@ from typing import Any
 
 import numpy as np
 
-from vllm_pamer.core.render import render_tools_as_text, template_supports_tools
-from vllm_pamer.core.tokens import TokenCounter
 from vllm_pamer.offline_engine import CaptureEngine
 from vllm_pamer.training.annotate import AnnotatorSettings, DecisionContext, DecisionPoint, decision_contexts
-from vllm_pamer.training.data import FORMAT, open_run, shard_complete, write_shard
+from vllm_pamer.training.data import FORMAT, STATE_NAMES, open_run, shard_complete, write_shard
+from vllm_pamer.training.prompts import ChatPrompter, PromptIds, head_size
 from vllm_pamer.worker.layer_taps import tap_names
 
-PROBE_LIMIT = 35_000
-"""Longest prompt the probe reads (tokens), before the model window applies."""
-KEEP_HEAD = 2_048
-"""Tokens kept from the start of a prompt that is cut (the rest are the most recent)."""
 SHARD_SIZE = 256
-"""Decision points per shard (one ``LLM.generate`` call of twice as many prompts)."""
+"""Decision points per shard (one ``LLM.generate`` call of their prompts, one per input)."""
 
 
 class ExtractError(RuntimeError):
     """The labels do not fit the data, or the engine does not fit the run."""
 
 
-# --------------------------------------------------------------------------------------
-# Token ids
-# --------------------------------------------------------------------------------------
-
-
-def token_limit(max_model_len: int, probe_limit: int = PROBE_LIMIT) -> int:
-    """Longest prompt fed to the engine: one token below the window (the request
-    samples one token), and not above the probe limit."""
-    return min(int(max_model_len) - 1, int(probe_limit))
-
-
-def head_size(limit: int, keep_head: int = KEEP_HEAD) -> int:
-    """Tokens a cut prompt keeps from its start: ``keep_head``, or half the
-    limit on a window too small for it."""
-    return max(0, min(int(keep_head), int(limit) // 2))
-
-
-def truncate_ids(ids: Sequence[int], limit: int, keep_head: int = KEEP_HEAD) -> tuple[list[int], bool]:
-    """``ids`` if it fits ``limit``, else its first ``head_size(limit, keep_head)``
-    tokens and its most recent ``limit - head`` tokens. Returns (ids, cut)."""
-    ids = list(ids)
-    if len(ids) <= limit:
-        return ids, False
-    head = head_size(limit, keep_head)
-    tail = limit - head
-    return ids[:head] + (ids[-tail:] if tail else []), True
-
-
-@dataclass(frozen=True)
-class PromptIds:
-    ids: list[int]
-    """Token ids fed to the engine (after any cut)."""
-    context_tokens: int
-    """Tokens of the templated prompt before the cut."""
-    truncated: bool
-
-
-class ChatPrompter:
-    """Messages -> the token ids the server would feed the engine, then cut to
-    the limit. ``tokenizer`` is the served model's (a transformers tokenizer)."""
-
-    def __init__(self, tokenizer: Any, limit: int, keep_head: int = KEEP_HEAD) -> None:
-        if limit < 2:
-            raise ValueError(f"token limit {limit} is too small")
-        self.tokenizer = tokenizer
-        self.limit = int(limit)
-        self.keep_head = int(keep_head)
-        self.tools_as_text = not template_supports_tools(getattr(tokenizer, "chat_template", None))
-        self.counter = TokenCounter(tokenizer)
-
-    def render(self, messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        """The messages as the server hands them to the chat template."""
-        copies = [dict(m) for m in messages]
-        return render_tools_as_text(copies) if self.tools_as_text else copies
-
-    def template_ids(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
-        return [int(t) for t in self.counter.ids(self.render(messages))]
-
-    def __call__(self, messages: Sequence[Mapping[str, Any]]) -> PromptIds:
-        ids = self.template_ids(messages)
-        kept, cut = truncate_ids(ids, self.limit, self.keep_head)
-        return PromptIds(kept, len(ids), cut)
-
-
-# --------------------------------------------------------------------------------------
-# Decision points: labels joined with trajectories
-# --------------------------------------------------------------------------------------
+# -- Decision points: labels joined with trajectories ------------------------------------
 
 
 @dataclass(frozen=True, eq=False)
@@ -163,6 +93,10 @@ class ExtractPoint:
         messages = self.trajectory["messages"]
         c = self.context
         return list(messages[: c.prefix_end]) + list(messages[c.old_end : c.message_index])
+
+    def messages(self, name: str) -> list[Mapping[str, Any]]:
+        """The input ``name`` (``STATE_NAMES``) of the point."""
+        return self.full_messages() if name == "full" else self.recent2_messages()
 
 
 def _no_tokens(messages: Sequence[Mapping[str, Any]]) -> int:
@@ -236,6 +170,19 @@ def select_points(
     return chosen
 
 
+def select_trajectories(points: Sequence[ExtractPoint], count: int, seed: int = 0) -> list[ExtractPoint]:
+    """Every point of trajectories drawn with ``seed`` until ``count`` points
+    are taken, in the points' own (data, step) order."""
+    sizes = Counter(p.label.trajectory_id for p in points)
+    ids = sorted(sizes)
+    taken: set[str] = set()
+    for index in np.random.default_rng(seed).permutation(len(ids)):
+        if sum(sizes[t] for t in taken) >= count:
+            break
+        taken.add(ids[index])
+    return [p for p in points if p.label.trajectory_id in taken]
+
+
 def points_digest(points: Sequence[ExtractPoint]) -> str:
     """Identifies the planned points and their labels (resume safety)."""
     digest = hashlib.sha256()
@@ -269,9 +216,7 @@ def point_metadata(point: ExtractPoint, full: PromptIds, recent2: PromptIds) -> 
     }
 
 
-# --------------------------------------------------------------------------------------
-# The run
-# --------------------------------------------------------------------------------------
+# -- The run -----------------------------------------------------------------------------
 
 
 @dataclass
@@ -282,13 +227,15 @@ class ExtractResult:
     computed_shards: int = 0
     skipped_shards: int = 0
     computed_points: int = 0
+    inputs: int = len(STATE_NAMES)
+    """States per point."""
     engine_start_s: float = 0.0
     extract_s: float = 0.0
     """Time spent on shards that were computed (tokenizing, engine, writing)."""
 
     @property
     def states_per_s(self) -> float:
-        return 2 * self.computed_points / self.extract_s if self.extract_s > 0 else 0.0
+        return self.inputs * self.computed_points / self.extract_s if self.extract_s > 0 else 0.0
 
 
 def run_manifest(
@@ -304,6 +251,7 @@ def run_manifest(
         "token_limit": prompter.limit,
         "keep_head": head_size(prompter.limit, prompter.keep_head),
         "tools_as_text": prompter.tools_as_text,
+        **({"cut_stride": prompter.cut_stride} if prompter.cut_stride else {}),  # 0 (cut at every step) as before
         **settings,
     }
 
@@ -318,13 +266,14 @@ def extract(
     settings: Mapping[str, Any] | None = None,
     progress: bool = True,
     layers: Sequence[int] | None = None,
+    inputs: Sequence[str] = STATE_NAMES,
 ) -> ExtractResult:
     """Write the states of ``points`` into ``out_dir`` shard by shard, skipping
     complete shards. ``engine`` is an open ``CaptureEngine`` (the caller closes
     it) or a factory, called only when a shard needs work (closed here).
     ``settings`` (model, dtype, ...) go into the manifest. ``layers``: the
     blocks the engine taps (its ``layers``); their states of the full context
-    are stored too."""
+    are stored too. ``inputs``: ``STATE_NAMES``, or ``("full",)`` alone."""
     from tqdm import tqdm
 
     if shard_size < 1:
@@ -332,21 +281,31 @@ def extract(
     out_dir = Path(out_dir)
     layers = sorted(set(int(b) for b in layers)) if layers else []
     settings = dict(settings or {})
+    inputs = tuple(inputs)
+    if inputs not in (STATE_NAMES, ("full",)):
+        raise ValueError(f"inputs must be {STATE_NAMES} or ('full',), not {inputs}")
     if layers:
         settings["layers"] = tap_names(layers)  # only then: older directories still resume
+    if inputs != STATE_NAMES:
+        settings["inputs"] = list(inputs)  # the same
     manifest = run_manifest(points, prompter, shard_size, **settings)
     open_run(out_dir, manifest)
     shards = [list(points[i : i + shard_size]) for i in range(0, len(points), shard_size)]
-    result = ExtractResult(out_dir=out_dir, points=len(points), shards=len(shards))
-    todo = [i for i, shard in enumerate(shards) if not shard_complete(out_dir, i, [p.key for p in shard], bool(layers))]
+    result = ExtractResult(out_dir=out_dir, points=len(points), shards=len(shards), inputs=len(inputs))
+    todo = [
+        i
+        for i, shard in enumerate(shards)
+        if not shard_complete(out_dir, i, [p.key for p in shard], bool(layers), inputs)
+    ]
     result.skipped_shards = len(shards) - len(todo)
     if not todo:
         return result
 
     owned = not isinstance(engine, CaptureEngine)
     live = engine if isinstance(engine, CaptureEngine) else None
-    done_states = 2 * sum(len(shards[i]) for i in range(len(shards)) if i not in todo)
-    bar = tqdm(total=2 * len(points), initial=done_states, unit="state", desc="extracting", disable=not progress)
+    done_states = len(inputs) * sum(len(shards[i]) for i in range(len(shards)) if i not in todo)
+    total = len(inputs) * len(points)
+    bar = tqdm(total=total, initial=done_states, unit="state", desc="extracting", disable=not progress)
     try:
         for index in todo:
             shard = shards[index]
@@ -364,15 +323,16 @@ def extract(
             if list(live.layers) != layers:
                 raise ExtractError(f"the engine taps blocks {live.layers}, the run asks for {layers}")
             started = time.monotonic()
-            prompts = [(prompter(p.full_messages()), prompter(p.recent2_messages())) for p in shard]
-            ids = [x.ids for pair in prompts for x in pair]  # full_t, recent2_t, full_t+1, ...
+            # both inputs' token counts go into the metadata (the length control reads them), extracted or not
+            prompts = [{name: prompter(p.messages(name)) for name in STATE_NAMES} for p in shard]
+            ids = [point[name].ids for point in prompts for name in inputs]  # full_t, recent2_t, full_t+1, ...
             records = live.records(ids, on_state=lambda _slot: bar.update(1))
             states = np.stack([r.hidden_state() for r in records]).astype(np.float32)
-            tensors = {"full": states[0::2], "recent2": states[1::2]}
+            tensors = {name: states[k :: len(inputs)] for k, name in enumerate(inputs)}
             if layers:
-                taps = np.stack([r.layer_states() for r in records[0::2]])  # [n, 2, taps, d]
+                taps = np.stack([r.layer_states() for r in records[0 :: len(inputs)]])  # [n, 2, taps, d]
                 tensors["layers_last"], tensors["layers_mean"] = taps[:, 0], taps[:, 1]
-            meta = [point_metadata(p, full, recent2) for p, (full, recent2) in zip(shard, prompts)]
+            meta = [point_metadata(p, point["full"], point["recent2"]) for p, point in zip(shard, prompts)]
             write_shard(out_dir, index, tensors, meta)
             result.extract_s += time.monotonic() - started
             result.computed_shards += 1

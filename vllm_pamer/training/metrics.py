@@ -162,6 +162,9 @@ def sign_flip_p(differences) -> float:
 
 BOOT_DRAWS = 2000
 """Draws of the paired task bootstrap."""
+MIN_TASKS = 10
+"""Tasks below which the paired test gives no interval or p: a bootstrap over
+a handful of clusters reads far too sure."""
 
 
 class Fold(NamedTuple):
@@ -174,37 +177,60 @@ class Fold(NamedTuple):
     """Each point's task: the bootstrap draws whole tasks, as the split does."""
 
 
+def _weighted_auroc(y: np.ndarray, scores: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """AUROC of ``scores`` under each row of ``weights`` ([draws, n]: how many
+    times each point is drawn), ties counting 1/2; nan where a draw lacks a class."""
+    order = np.argsort(scores, kind="mergesort")
+    s, pos = scores[order], y[order] == 1
+    w = weights[:, order]
+    starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])  # tie groups, ascending
+    w_pos = np.add.reduceat(np.where(pos, w, 0.0), starts, axis=1)
+    w_neg = np.add.reduceat(np.where(pos, 0.0, w), starts, axis=1)
+    below = np.cumsum(w_neg, axis=1) - w_neg  # negative weight under each group
+    total = w_pos.sum(1) * w_neg.sum(1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(total > 0, (w_pos * (below + 0.5 * w_neg)).sum(1) / total, np.nan)
+
+
 def paired_auroc_test(folds: Sequence[Fold], n_boot: int = BOOT_DRAWS, seed: int = 0) -> dict[str, float]:
     """AUROC(a) - AUROC(b) on the same test points, averaged over the folds
     (seeds), with a 95% interval and a two-sided p from a task bootstrap:
-    each draw resamples every fold's test tasks with replacement and scores
-    both methods on the same draw, so the pairing is kept. Unlike the
-    sign-flip test over five seeds, whose p cannot fall below 2/32, it reads
-    the test points' spread. A fold, or a draw of it, with one class only is
-    left out; ``delta`` is nan when no fold has both classes."""
+    each draw resamples the tasks of all folds together with replacement
+    (a task drawn twice counts twice, in every fold that tests it: folds over
+    one test split move together) and scores both methods on the same draw,
+    so the pairing is kept. Unlike the sign-flip test over five seeds, whose
+    p cannot fall below 2/32, it reads the test points' spread. A fold, or a
+    draw of it, with one class only is left out; ``delta`` is nan when no
+    fold has both classes, the interval and p when fewer than ``MIN_TASKS``
+    tasks are tested. It reads the test points given these heads: the
+    spread of training (other seeds) is the folds' to show."""
     pairs = [(f, auroc(f.y, f.scores_a) - auroc(f.y, f.scores_b)) for f in folds if len(f.y)]
     folds = [f for f, d in pairs if math.isfinite(d)]  # a fold of one class has one in every draw too
     observed = [d for _, d in pairs if math.isfinite(d)]
-    if not observed:
-        return {"delta": math.nan, "lo": math.nan, "hi": math.nan, "p": math.nan, "folds": 0}
+    tasks = {t: k for k, t in enumerate(sorted({str(g) for f in folds for g in f.groups}))}
+    out = {"delta": float(np.mean(observed)) if observed else math.nan, "folds": len(observed), "tasks": len(tasks)}
+    if len(tasks) < MIN_TASKS:
+        return {**out, "lo": math.nan, "hi": math.nan, "p": math.nan}
     rng = np.random.default_rng(seed)
-    members = [[np.flatnonzero(f.groups == g) for g in np.unique(f.groups)] for f in folds]
-    draws = np.full(n_boot, np.nan)
-    for b in range(n_boot):
-        deltas = []
-        for fold, tasks in zip(folds, members):
-            ix = np.concatenate([tasks[k] for k in rng.integers(0, len(tasks), size=len(tasks))])
-            d = auroc(fold.y[ix], fold.scores_a[ix]) - auroc(fold.y[ix], fold.scores_b[ix])
-            if math.isfinite(d):
-                deltas.append(d)
-        if deltas:
-            draws[b] = np.mean(deltas)
-    draws = draws[np.isfinite(draws)]
+    counts = np.stack(
+        [np.bincount(rng.integers(0, len(tasks), len(tasks)), minlength=len(tasks)) for _ in range(n_boot)]
+    )
+    deltas = []
+    for f in folds:
+        weights = counts[:, [tasks[str(g)] for g in f.groups]].astype(np.float64)
+        y = np.asarray(f.y).astype(np.int64)
+        a, b = np.asarray(f.scores_a, np.float64), np.asarray(f.scores_b, np.float64)
+        deltas.append(_weighted_auroc(y, a, weights) - _weighted_auroc(y, b, weights))
+    stack = np.stack(deltas)
+    finite = np.isfinite(stack)
+    scored = finite.sum(0)  # folds with both classes in each draw
+    draws = np.where(finite, stack, 0.0).sum(0)[scored > 0] / scored[scored > 0]
+    if not draws.size:  # no draw kept both classes anywhere
+        return {**out, "lo": math.nan, "hi": math.nan, "p": math.nan}
     below, above = int((draws <= 0).sum()), int((draws >= 0).sum())
     return {
-        "delta": float(np.mean(observed)),
+        **out,
         "lo": float(np.percentile(draws, 2.5)),
         "hi": float(np.percentile(draws, 97.5)),
         "p": min(1.0, 2 * (min(below, above) + 1) / (draws.size + 1)),
-        "folds": len(observed),
     }

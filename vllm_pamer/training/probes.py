@@ -7,7 +7,8 @@ train-split standardization folded into the weights."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +17,19 @@ import torch
 import torch.nn.functional as F
 
 HIDDEN_WIDTH = 256
+
+
+@contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """Run a block with ``threads`` torch CPU threads (None: torch's setting),
+    restoring the previous count afterwards."""
+    previous = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def weighted_bce(z: torch.Tensor, y: torch.Tensor, rho: float) -> torch.Tensor:

@@ -20,7 +20,15 @@ import numpy as np
 
 from vllm_pamer.training.annotate import annotator_definition
 from vllm_pamer.training.experiment import ExperimentResult
-from vllm_pamer.training.metrics import BOOT_DRAWS, Fold, auroc, paired_auroc_test, roc_curve, sign_flip_p
+from vllm_pamer.training.metrics import (
+    BOOT_DRAWS,
+    Fold,
+    auroc,
+    binary_metrics,
+    paired_auroc_test,
+    roc_curve,
+    sign_flip_p,
+)
 
 SIGNIFICANT = 0.05
 """The paired test's p below which a verdict reads \"beats\"."""
@@ -211,13 +219,17 @@ def _comparison(result: ExperimentResult, key: str, against: str, source: str | 
         "lo": paired["lo"],
         "hi": paired["hi"],
         "p": paired["p"],
+        "tasks": paired["tasks"],
     }
 
 
 def _paired_text(c: Mapping[str, float]) -> str:
+    seeds = f"{c['wins']}/{c['n']} splits better, sign-flip p = {c['p_seeds']:.4f}"
+    if not math.isfinite(c["p"]):
+        return f"Δ = {c['delta']:+.3f} ({int(c['tasks'])} test tasks: too few for the paired test; {seeds})"
     return (
-        f"Δ = {c['delta']:+.3f} (95% CI {c['lo']:+.3f} to {c['hi']:+.3f}, paired task bootstrap p = {c['p']:.4f}; "
-        f"{c['wins']}/{c['n']} splits better, sign-flip p = {c['p_seeds']:.4f})"
+        f"Δ = {c['delta']:+.3f} (95% CI {c['lo']:+.3f} to {c['hi']:+.3f}, paired task bootstrap p = {c['p']:.4f} "
+        f"over {int(c['tasks'])} test tasks; {seeds})"
     )
 
 
@@ -236,6 +248,26 @@ def _verdict_line(result: ExperimentResult, key: str, best_control: str) -> str:
     if not math.isfinite(c["delta"]):
         return f"- {label}: no comparable seeds."
     return f"- {label} {_verdict(c)} {control}: {_paired_text(c)}."
+
+
+def _vote_line(result: ExperimentResult) -> str:
+    """How the exported heads' vote decides on the test split, where every seed shares it."""
+    cfg = result.config
+    if not cfg.held_out:
+        return (
+            "- Each head was trained on a different split, so there is no common held-out set on which to score the "
+            f"{cfg.min_votes}-of-{len(cfg.seeds)} vote; the per-seed test metrics above are the honest numbers."
+        )
+    seeds = result.seeds
+    y = seeds[0]["test_labels"]
+    served = result.export_method + ("@full" if cfg.export == "student" else "")  # what the server feeds them
+    fired = sum((s["methods"][served]["test_scores"] > t).astype(int) for s, t in zip(seeds, result.thresholds))
+    vote = binary_metrics(y, fired.astype(float), cfg.min_votes - 0.5)
+    return (
+        f"- The {cfg.min_votes}-of-{len(seeds)} vote of the exported heads on the test split they share "
+        f"({vote['n']} points, {vote['positive_rate']:.0%} positive): F1 {vote['f1']:.3f}, precision "
+        f"{vote['precision']:.3f}, recall {vote['recall']:.3f}; AUROC of the vote count {vote['auroc']:.3f}."
+    )
 
 
 def write_report(
@@ -275,16 +307,29 @@ def write_report(
         "",
         "## Protocol",
         "",
-        f"- Seeds {', '.join(map(str, cfg.seeds))}; per seed a 70/15/15 split by task (all trials of a "
-        "tau-bench task together); rho = N-/N+ of the train split; inputs standardized with train statistics "
+        f"- Seeds {', '.join(map(str, cfg.seeds))}; "
+        + (
+            "test: the evaluation split's rows (vllm_pamer/data/splits.json), the same at every seed; per seed the "
+            f"tuning split's tasks {1 - cfg.fractions[1]:.0%} train / {cfg.fractions[1]:.0%} validation"
+            if cfg.held_out
+            else "per seed a {:.0%}/{:.0%}/{:.0%} split".format(*cfg.fractions)
+        )
+        + " by task (all trials of a tau-bench task together); rho = N-/N+ of the train split; inputs standardized "
+        "with train statistics "
         f"({'on' if cfg.standardize else 'off'}; folded into the exported weights).",
         f"- Heads: {cfg.head}, width {cfg.hidden} for MLPs, exact-erf GELU; AdamW lr {cfg.lr:g}, weight decay "
         f"{cfg.weight_decay:g}, batch {cfg.batch_size}, {cfg.epochs} epochs; checkpoint = epoch of lowest "
         "validation WBCE; threshold = validation-F1-best, fixed for test.",
-        f"- Teacher: the {cfg.head} head on full-context states. Student: the {cfg.head} head on Recent2 "
-        f"(`P + R_t`) states with decision distillation, loss WBCE(z, y) + {cfg.distill_weight:g} · "
-        "BCEWithLogits(z, sigmoid(teacher logit)), the teacher scoring the same decision points (its own training "
-        "rows, as in the paper's fixed-teacher setup); the student's checkpoint is chosen by validation WBCE alone.",
+        f"- Teacher: the {cfg.head} head on full-context states. "
+        + (
+            f"Student: the {cfg.head} head on Recent2 "
+            f"(`P + R_t`) states with decision distillation, loss WBCE(z, y) + {cfg.distill_weight:g} · "
+            "BCEWithLogits(z, sigmoid(teacher logit)), the teacher scoring the same decision points (its own "
+            "training rows, as in the paper's fixed-teacher setup); the student's checkpoint is chosen by "
+            "validation WBCE alone."
+            if any(k.startswith("recent2") for k in result.methods)
+            else "No student: the states hold the full context alone."
+        ),
         "- Controls: class-weighted logistic regression (L-BFGS, L2 with C = 1) on the same splits. Length + turn = "
         "full-context tokens (before the probe cut), Recent2 tokens, tokens(O_t), user turns and agent steps (raw "
         "and log1p, standardized); tool type = "
@@ -406,7 +451,8 @@ def write_report(
         "",
         "The verdicts read the paired task bootstrap: both methods scored on the same test points, each of "
         f"{BOOT_DRAWS:,} draws resampling every split's test tasks with replacement (decision points of one task are "
-        f'dependent, and the split unit is the task); "beats" means Δ > 0 with p < {SIGNIFICANT:g}. With five '
+        f'dependent, and the split unit is the task); "beats" means Δ > 0 with p < {SIGNIFICANT:g}. The test reads '
+        "the test points given the trained heads; how much training moves them is the seeds' spread. With five "
         "seeds the smallest two-sided sign-flip p over seeds is 2/32 = 0.0625 (paper A.6), so that test, printed "
         "beside it, cannot reach 0.05; it shows how consistent a difference is across splits.",
         "",
@@ -433,14 +479,17 @@ def write_report(
                 f"{fingerprint.num_hidden_layers} layers, vocab {fingerprint.vocab_size}, "
                 f"name `{fingerprint.model_name}`."
             )
+    on_full = result.methods.get(f"recent2_{cfg.head}_kd@full")
     lines += [
         "- The server evaluates the heads on the final-norm state captured at the prefill of the *served* request "
         "(the full effective context), not on a separate `P + R_t` pass. `--export full` (default) therefore "
         "exports the full-context heads; `--export student` exports the paper's Recent2 distillation students. "
-        f"The row '{result.methods[f'recent2_{cfg.head}_kd@full'].label}' measures a student fed what the server "
-        "would feed it.",
-        "- Each head was trained on a different split, so there is no common held-out set on which to score the "
-        "3-of-5 vote; the per-seed test metrics above are the honest numbers.",
+        + (
+            f"The row '{on_full.label}' measures a student fed what the server would feed it."
+            if on_full
+            else "The states were extracted without Recent2 (`--inputs full`), so no student was trained."
+        ),
+        _vote_line(result),
         "",
         "## Across layers",
         "",

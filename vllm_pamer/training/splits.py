@@ -1,6 +1,8 @@
-"""Task-grouped 70/15/15 splits: every trial of a tau-bench task lies in one
-split, so no probe is tested on a task it was trained on (the PaMER paper
-groups its splits by question for the same reason)."""
+"""Task-grouped splits: every trial of a tau-bench task lies in one split, so
+no probe is tested on a task it was trained on (the PaMER paper groups its
+splits by question for the same reason): 70/15/15 of all rows per seed, or a
+held-out test split (the evaluation split) with train / validation drawn from
+the other rows' tasks per seed."""
 
 from __future__ import annotations
 
@@ -34,3 +36,23 @@ def grouped_split(
     val = np.flatnonzero((rank >= n_train) & (rank < n_train + n_val))
     test = np.flatnonzero(rank >= n_train + n_val)
     return train, val, test
+
+
+def held_out_split(
+    groups: Sequence[str], test: np.ndarray, seed: int, val_share: float = 0.15
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Row indices (train, val, test): test is the rows ``test`` marks (the
+    evaluation split: the same for every seed); the other rows' tasks are
+    shuffled by ``numpy.random.default_rng(seed)`` and round(``val_share`` G)
+    of them (at least one, never all) validate, the rest train."""
+    test = np.asarray(test, dtype=bool)
+    rest = np.flatnonzero(~test)
+    distinct = sorted({groups[i] for i in rest})
+    if len(distinct) < 2 or not test.any():
+        raise ValueError(f"need test rows and at least 2 other tasks, got {int(test.sum())} rows and {len(distinct)}")
+    order = np.random.default_rng(seed).permutation(len(distinct))
+    n_val = min(max(1, round(val_share * len(distinct))), len(distinct) - 1)
+    validating = {distinct[k] for k in order[:n_val]}
+    val = np.asarray([i for i in rest if groups[i] in validating], dtype=np.int64)
+    train = np.asarray([i for i in rest if groups[i] not in validating], dtype=np.int64)
+    return train, val, np.flatnonzero(test)
