@@ -1,4 +1,4 @@
-"""Which decision points an extraction takes (``training/extract.py``); no engine."""
+"""Which decision points an extraction takes (``training/extract.py``, its point selection); no engine."""
 
 from __future__ import annotations
 
