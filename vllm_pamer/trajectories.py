@@ -3,6 +3,7 @@ which split of the evaluation each belongs to (``split_of``)."""
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import json
@@ -79,6 +80,7 @@ def make_split(trajectories: Iterable[Mapping[str, Any]], share: float = TUNING_
     return sorted(tuning)
 
 
+@functools.cache  # read once: split_of runs per row of a training set
 def _tuning_tasks() -> frozenset[str]:
     return frozenset(json.loads(SPLIT_FILE.read_text())["tuning"])
 

@@ -176,10 +176,12 @@ def select_trajectories(points: Sequence[ExtractPoint], count: int, seed: int = 
     sizes = Counter(p.label.trajectory_id for p in points)
     ids = sorted(sizes)
     taken: set[str] = set()
+    total = 0
     for index in np.random.default_rng(seed).permutation(len(ids)):
-        if sum(sizes[t] for t in taken) >= count:
+        if total >= count:
             break
         taken.add(ids[index])
+        total += sizes[ids[index]]
     return [p for p in points if p.label.trajectory_id in taken]
 
 
