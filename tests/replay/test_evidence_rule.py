@@ -10,7 +10,14 @@ import pytest
 from tests.support.replay import B0, B1, B2, B3, PREFIX, SWE, bash, tool
 from vllm_pamer.core.blocks import split_conversation
 from vllm_pamer.core.policies.pamer.record import RECORD_HEADER, step_record, without_echoes
-from vllm_pamer.replay.evidence import needs, readings, recency_frontier, recent_k_context, trajectory_kind
+from vllm_pamer.replay.evidence import (
+    dropped_observation_chars,
+    needs,
+    readings,
+    recency_frontier,
+    recent_k_context,
+    trajectory_kind,
+)
 from vllm_pamer.trajectories import agent_requests, load_trajectories
 
 
@@ -47,6 +54,18 @@ def test_raw_calls_and_the_records_copies_of_them_count_alike():
     # inserted copies of assistant messages (a masked history) are the agent's own: readable only
     copy = {**B2[0], "content": "again"}
     assert readings(wanted, PREFIX + [copy], history) == (1, 0)
+
+
+def test_dropped_observation_chars_counts_the_observations_not_sent_as_they_are():
+    history = PREFIX + B0 + B1 + B2
+    outputs = len(B0[1]["content"]), len(B1[1]["content"])
+    assert dropped_observation_chars(history, history) == 0
+    # recency keeps B2: B0's and B1's outputs are gone (the agent's calls and the prefix are not observations lost)
+    assert dropped_observation_chars(PREFIX + B2, history) == sum(outputs)
+    # a masked output counts as dropped; a memory inserted in their place changes nothing
+    masked = {**B1[1], "content": "[output omitted]"}
+    memory = {"role": "user", "content": "[memory 1] summary"}
+    assert dropped_observation_chars(PREFIX + [memory, B1[0], masked] + B2, history) == sum(outputs)
 
 
 def test_without_echoes_drops_the_agents_calls_and_words_only():

@@ -189,6 +189,15 @@ def inserted_messages(sent: Sequence[Message], history: Sequence[Message]) -> li
     return [m for m in sent[prefix_length(history) :] if _key(m) not in raw]
 
 
+def dropped_observation_chars(sent: Sequence[Message], history: Sequence[Message]) -> int:
+    """Characters of the observations after the prefix that ``sent`` does not
+    carry as they are (archived, or masked): the text a memory would have to
+    keep for them."""
+    kept = {_key(m) for m in sent}
+    after = history[prefix_length(history) :]
+    return sum(len(message_text(m)) for m in after if m.get("role") in OBSERVATION_ROLES and _key(m) not in kept)
+
+
 def evidence_messages(rewritten: Sequence[Message], original: Sequence[Message], kind: Kind) -> list[Message]:
     """The messages of ``rewritten`` that count as evidence: those with an
     evidence role, and those the policy inserted (not in ``original``)."""

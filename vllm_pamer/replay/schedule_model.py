@@ -38,6 +38,7 @@ from vllm_pamer.replay.evidence import (
     Reading,
     available_count,
     context_chars,
+    dropped_observation_chars,
     evidence_messages,
     needed_values,
     needs,
@@ -160,6 +161,7 @@ def simulate(
         votes = random.Random(settings.seed)
         needed = available = chars_in = chars_out = compactions = refused = prefill = fallbacks = 0
         wanted = readable = observed = 0  # the one rule (evidence.needs, evidence.readings)
+        answered = dropped = 0  # observation characters not sent as they are (what a memory stands in for)
         spent: dict[str, int] = {}  # inserted characters by part (spending.inserted_spending)
         steps = [_steps(t, settings.max_steps) for t in trajectories]
         now = [0.0]  # modelled seconds: each round of requests takes --round-s (kv_share's idle time)
@@ -217,6 +219,7 @@ def simulate(
                     read = readings(fair, sent, history)
                     readable, observed = readable + read.readable, observed + read.observed
                     chars_out += context_chars(sent)
+                    answered, dropped = answered + 1, dropped + dropped_observation_chars(sent, history)
                     for part, chars in inserted_spending(sent, history).items():
                         spent[part] = spent.get(part, 0) + chars
     share = chars_out / chars_in if chars_in else 0.0
@@ -242,5 +245,8 @@ def simulate(
         "observed": round(fair_observed, 3),
         "observed_over_recency_pt": lead(fair_observed, "observed"),
         "inserted_chars": sum(spent.values()),
+        # per answered request: the memory's characters against the observations' it stands in for
+        "inserted_chars_per_request": round(sum(spent.values()) / answered) if answered else 0,
+        "dropped_observation_chars_per_request": round(dropped / answered) if answered else 0,
         "spending": {part: round(chars / sum(spent.values()), 3) for part, chars in spent.items() if chars},
     }
