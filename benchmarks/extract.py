@@ -26,10 +26,13 @@ final-norm state of the last prompt token for the full context and for Recent2
 
 Prints states/s of both, the ratio, the cosine between the two outputs (mean
 and min, per input), prompt tokens, the engine's prefix-cache hit rate, and
-the load average (the machine may be shared).
+the load average (the machine may be shared); beside them a count of the
+operations each side does on the same ids (``cache_work_ratio`` in
+``vllm_pamer/training/extract.py``: the speed-up at equal operations per
+second), which ``--count-only`` prints without starting either side.
 
     .venv/bin/python -m benchmarks.extract [--points 60] [--select first|trajectories|random] [--seed 0]
-        [--data PATH ...] [--inputs full,recent2|full] [--cut-stride X]
+        [--data PATH ...] [--inputs full,recent2|full] [--cut-stride X] [--count-only]
 """
 
 from __future__ import annotations
@@ -98,18 +101,19 @@ def main() -> None:
     parser.add_argument("--shard-size", type=int, default=256)
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
     parser.add_argument("--gpu-memory-utilization", type=float, default=None)
+    parser.add_argument("--count-only", action="store_true", help="print the operation count's ratio and stop")
     args = parser.parse_args()
 
     from vllm_pamer.adapters.launch import prepare_vllm_cpu
 
     prepare_vllm_cpu()
-    from transformers import AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     from vllm_pamer.default_model import ensure_default_model
     from vllm_pamer.model_config import model_max_len
     from vllm_pamer.offline_engine import CaptureEngine
     from vllm_pamer.training.data import load_states
-    from vllm_pamer.training.extract import extract, select_points, select_trajectories
+    from vllm_pamer.training.extract import cache_work_ratio, extract, select_points, select_trajectories
     from vllm_pamer.training.prompts import ChatPrompter, token_limit
 
     model_dir = Path(args.model).resolve() if args.model else ensure_default_model(quiet=True)
@@ -124,6 +128,16 @@ def main() -> None:
     max_model_len = model_max_len(model_dir)
     stride = {} if args.cut_stride is None else {"cut_stride": args.cut_stride}
     prompter = ChatPrompter(AutoTokenizer.from_pretrained(model_dir), token_limit(max_model_len), **stride)
+    prompts = [prompter(p.messages(name)).ids for p in points for name in inputs]
+    owners = [p.label.trajectory_id for p in points for _ in inputs]
+    counted, served = cache_work_ratio(prompts, owners, AutoConfig.from_pretrained(model_dir))
+    counted_line = (
+        f"operations : {counted:.2f}x fewer on the extractor's side ({served:.1%} of the tokens served by the cache)"
+    )
+    if args.count_only:
+        print(f"{len(points)} decision points from {len(set(owners))} trajectories, {sum(map(len, prompts))} tokens")
+        print(counted_line)
+        return
     load_before = os.getloadavg()
 
     # -- the extractor -------------------------------------------------------------
@@ -148,7 +162,6 @@ def main() -> None:
         engine.close()  # free the cores before the HF loop
 
     # -- HF transformers, same ids ---------------------------------------------------
-    prompts = [prompter(p.messages(name)).ids for p in points for name in inputs]
     reference, hf_seconds = hf_states(model_dir, prompts, torch_dtype)
     load_after = os.getloadavg()
 
@@ -175,6 +188,7 @@ def main() -> None:
         f"speed-up  : {ours / theirs:.2f}x  (with engine start-up: "
         f"{n_states / (result.extract_s + engine_start) / theirs:.2f}x)"
     )
+    print(counted_line)
     for name, values in cosines.items():
         print(f"cosine {name:<8}: mean {values.mean():.5f}  min {values.min():.5f}")
     print(f"load average before {load_before[0]:.1f}, after {load_after[0]:.1f}")

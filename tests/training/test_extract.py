@@ -178,6 +178,17 @@ def test_resume_and_settings_guard(engine, labelled, tmp_path):
     assert recent2_4 is None and np.allclose(full4, full, atol=1e-4)
     assert meta4 == meta  # Recent2's token counts too: the length control reads them
 
+    # sittings: a deadline already passed still computes one shard, then stops; the same call resumes
+    sit = tmp_path / "sit"
+    first_sitting = extract(
+        points, sit, prompter, live, shard_size=SHARD, progress=False, inputs=["full"], stop_after_s=0
+    )
+    assert (first_sitting.computed_shards, first_sitting.skipped_shards, first_sitting.stopped) == (1, 0, True)
+    second = extract(points, sit, prompter, live, shard_size=SHARD, progress=False, inputs=["full"])
+    assert (second.computed_shards, second.skipped_shards, second.stopped) == (2, 1, False)
+    full5, _, meta5 = load_states(sit)
+    assert meta5 == meta and np.allclose(full5, full4, atol=1e-4)
+
 
 def test_layerwise_states_match_hf(labelled, tmp_path, tokenizer_dir):
     """``--layers``: block 1 (the residual stream after the first layer) and the

@@ -247,6 +247,13 @@ def build_extract_parser() -> argparse.ArgumentParser:
         help="states per point: the full context and Recent2 (default), or the full context alone (what the "
         "server's heads read; about half the work: Recent2 prompts share only P with the others)",
     )
+    parser.add_argument(
+        "--stop-after-min",
+        type=float,
+        default=None,
+        metavar="MIN",
+        help="start no new shard after MIN minutes (at least one is computed); the same command resumes",
+    )
     parser.add_argument("--no-progress", action="store_true")
     return parser
 
@@ -335,12 +342,15 @@ def extract_main(argv: Sequence[str] | None = None) -> int:
             progress=not args.no_progress,
             layers=layers,
             inputs=args.inputs.split(","),
+            stop_after_s=None if args.stop_after_min is None else 60 * args.stop_after_min,
         )
     except (ExtractError, CaptureError, StatesError) as exc:
         parser.exit(1, f"vllm-pamer extract: {exc}\n")
+    left = result.shards - result.computed_shards - result.skipped_shards
     print(
         f"{result.points} decision points in {result.shards} shards under {result.out_dir}: "
         f"{result.computed_shards} computed, {result.skipped_shards} already complete"
+        + (f", {left} left for the next sitting (the same command)" if left else "")
     )
     if result.computed_points:
         print(

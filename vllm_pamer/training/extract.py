@@ -185,6 +185,41 @@ def select_trajectories(points: Sequence[ExtractPoint], count: int, seed: int = 
     return [p for p in points if p.label.trajectory_id in taken]
 
 
+def cache_work_ratio(
+    prompts: Sequence[Sequence[int]], trajectories: Sequence[str], config: Any, block: int = 16
+) -> tuple[float, float]:
+    """(the operations of a plain forward of every prompt / the extractor's,
+    share of the tokens the cache serves) on the same prompts, in the
+    extractor's order (``benchmarks/extract.py`` measures it in seconds). Per
+    position: 2 x the decoder's weights (linear layers) plus 4 x layers x
+    hidden x position (attention scores and values). The extractor skips the whole KV blocks a
+    prompt shares with the trajectory's previous one (the prefix cache), short
+    of its last token, which is always computed."""
+    config = getattr(config, "text_config", None) or config
+    hidden, layers = config.hidden_size, config.num_hidden_layers
+    kv = hidden // config.num_attention_heads * getattr(config, "num_key_value_heads", config.num_attention_heads)
+    weights = layers * (2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * config.intermediate_size)
+
+    def work(start: int, end: int) -> float:  # positions start..end-1
+        return 2 * weights * (end - start) + 4 * layers * hidden * (end * (end - 1) - start * (start - 1)) / 2
+
+    ours = theirs = 0.0
+    served = total = 0
+    previous: tuple[str, Sequence[int]] | None = None
+    for ids, trajectory in zip(prompts, trajectories, strict=True):
+        shared = 0
+        if previous is not None and previous[0] == trajectory:
+            bound = min(len(ids), len(previous[1]))
+            while shared < bound and ids[shared] == previous[1][shared]:
+                shared += 1
+        shared = min(shared, len(ids) - 1) // block * block
+        ours += work(shared, len(ids))
+        theirs += work(0, len(ids))
+        served, total = served + shared, total + len(ids)
+        previous = (trajectory, ids)
+    return theirs / ours, served / total
+
+
 def points_digest(points: Sequence[ExtractPoint]) -> str:
     """Identifies the planned points and their labels (resume safety)."""
     digest = hashlib.sha256()
@@ -229,6 +264,8 @@ class ExtractResult:
     computed_shards: int = 0
     skipped_shards: int = 0
     computed_points: int = 0
+    stopped: bool = False
+    """Shards were left for a later sitting (``stop_after_s``)."""
     inputs: int = len(STATE_NAMES)
     """States per point."""
     engine_start_s: float = 0.0
@@ -269,13 +306,16 @@ def extract(
     progress: bool = True,
     layers: Sequence[int] | None = None,
     inputs: Sequence[str] = STATE_NAMES,
+    stop_after_s: float | None = None,
 ) -> ExtractResult:
     """Write the states of ``points`` into ``out_dir`` shard by shard, skipping
     complete shards. ``engine`` is an open ``CaptureEngine`` (the caller closes
     it) or a factory, called only when a shard needs work (closed here).
     ``settings`` (model, dtype, ...) go into the manifest. ``layers``: the
     blocks the engine taps (its ``layers``); their states of the full context
-    are stored too. ``inputs``: ``STATE_NAMES``, or ``("full",)`` alone."""
+    are stored too. ``inputs``: ``STATE_NAMES``, or ``("full",)`` alone.
+    ``stop_after_s``: start no new shard after that many seconds (a sitting;
+    at least one shard is computed): the same call later resumes."""
     from tqdm import tqdm
 
     if shard_size < 1:
@@ -308,8 +348,12 @@ def extract(
     done_states = len(inputs) * sum(len(shards[i]) for i in range(len(shards)) if i not in todo)
     total = len(inputs) * len(points)
     bar = tqdm(total=total, initial=done_states, unit="state", desc="extracting", disable=not progress)
+    began = time.monotonic()
     try:
         for index in todo:
+            if stop_after_s is not None and index != todo[0] and time.monotonic() - began >= stop_after_s:
+                result.stopped = True
+                break
             shard = shards[index]
             if live is None:
                 bar.set_postfix_str("starting the engine")
