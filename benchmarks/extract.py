@@ -102,7 +102,15 @@ def main() -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
     parser.add_argument("--gpu-memory-utilization", type=float, default=None)
     parser.add_argument("--count-only", action="store_true", help="print the operation count's ratio and stop")
+    parser.add_argument(
+        "--block-size",
+        type=int,
+        default=None,
+        help="KV block size for --count-only (a full run reads its engine's: 128 on vLLM's CPU backend)",
+    )
     args = parser.parse_args()
+    if args.count_only and args.block_size is None:
+        parser.error("--count-only needs --block-size (no engine starts to read it from)")
 
     from vllm_pamer.adapters.launch import prepare_vllm_cpu
 
@@ -130,13 +138,16 @@ def main() -> None:
     prompter = ChatPrompter(AutoTokenizer.from_pretrained(model_dir), token_limit(max_model_len), **stride)
     prompts = [prompter(p.messages(name)).ids for p in points for name in inputs]
     owners = [p.label.trajectory_id for p in points for _ in inputs]
-    counted, served = cache_work_ratio(prompts, owners, AutoConfig.from_pretrained(model_dir))
-    counted_line = (
-        f"operations : {counted:.2f}x fewer on the extractor's side ({served:.1%} of the tokens served by the cache)"
-    )
+
+    def counted(block: int) -> str:
+        ratio, served = cache_work_ratio(prompts, owners, AutoConfig.from_pretrained(model_dir), block)
+        return (
+            f"operations : {ratio:.2f}x fewer on the extractor's side ({served:.1%} of the tokens served by the cache)"
+        )
+
     if args.count_only:
         print(f"{len(points)} decision points from {len(set(owners))} trajectories, {sum(map(len, prompts))} tokens")
-        print(counted_line)
+        print(counted(args.block_size))
         return
     load_before = os.getloadavg()
 
@@ -153,6 +164,7 @@ def main() -> None:
     )
     engine_start = time.monotonic() - started
     try:
+        counted_line = counted(engine.block_size)
         torch_dtype = engine.llm.llm_engine.model_config.dtype
         with tempfile.TemporaryDirectory(prefix="pamer-bench-extract-") as out:
             result = extract(points, out, prompter, engine, shard_size=args.shard_size, progress=False, inputs=inputs)

@@ -43,6 +43,9 @@ class FakeVllm:
     def max_model_len(self, llm):
         return 8
 
+    def kv_block_size(self, llm):
+        return 16
+
     def tokenizer(self, llm):
         return Tokenizer()
 

@@ -153,6 +153,7 @@ class CaptureEngine:
         finally:
             _set_environ(saved)
         self.max_model_len = vllm.max_model_len(self.llm)
+        self.block_size = vllm.kv_block_size(self.llm)
 
     def get_tokenizer(self) -> Any:
         return _vllm().tokenizer(self.llm)

@@ -183,9 +183,9 @@ def test_resume_and_settings_guard(engine, labelled, tmp_path):
     first_sitting = extract(
         points, sit, prompter, live, shard_size=SHARD, progress=False, inputs=["full"], stop_after_s=0
     )
-    assert (first_sitting.computed_shards, first_sitting.skipped_shards, first_sitting.stopped) == (1, 0, True)
+    assert (first_sitting.computed_shards, first_sitting.skipped_shards, first_sitting.left) == (1, 0, 2)
     second = extract(points, sit, prompter, live, shard_size=SHARD, progress=False, inputs=["full"])
-    assert (second.computed_shards, second.skipped_shards, second.stopped) == (2, 1, False)
+    assert (second.computed_shards, second.skipped_shards, second.left) == (2, 1, 0)
     full5, _, meta5 = load_states(sit)
     assert meta5 == meta and np.allclose(full5, full4, atol=1e-4)
 

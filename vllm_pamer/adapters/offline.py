@@ -9,6 +9,7 @@ from vllm_pamer.adapters import implementation
 if TYPE_CHECKING:  # callers are type-checked against the reference package
     from vllm_pamer.adapters.vllm_from_0_32.offline import (
         generate_captures,
+        kv_block_size,
         make_llm,
         max_model_len,
         metric_total,
@@ -16,7 +17,7 @@ if TYPE_CHECKING:  # callers are type-checked against the reference package
         tokenizer,
     )
 
-__all__ = ["generate_captures", "make_llm", "max_model_len", "metric_total", "shutdown", "tokenizer"]
+__all__ = ["generate_captures", "kv_block_size", "make_llm", "max_model_len", "metric_total", "shutdown", "tokenizer"]
 
 if not TYPE_CHECKING:
     globals().update(implementation("offline", __all__))

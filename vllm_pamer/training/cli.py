@@ -346,11 +346,10 @@ def extract_main(argv: Sequence[str] | None = None) -> int:
         )
     except (ExtractError, CaptureError, StatesError) as exc:
         parser.exit(1, f"vllm-pamer extract: {exc}\n")
-    left = result.shards - result.computed_shards - result.skipped_shards
     print(
         f"{result.points} decision points in {result.shards} shards under {result.out_dir}: "
         f"{result.computed_shards} computed, {result.skipped_shards} already complete"
-        + (f", {left} left for the next sitting (the same command)" if left else "")
+        + (f", {result.left} left for the next sitting (the same command)" if result.left else "")
     )
     if result.computed_points:
         print(

@@ -186,15 +186,16 @@ def select_trajectories(points: Sequence[ExtractPoint], count: int, seed: int = 
 
 
 def cache_work_ratio(
-    prompts: Sequence[Sequence[int]], trajectories: Sequence[str], config: Any, block: int = 16
+    prompts: Sequence[Sequence[int]], trajectories: Sequence[str], config: Any, block: int
 ) -> tuple[float, float]:
     """(the operations of a plain forward of every prompt / the extractor's,
     share of the tokens the cache serves) on the same prompts, in the
     extractor's order (``benchmarks/extract.py`` measures it in seconds). Per
     position: 2 x the decoder's weights (linear layers) plus 4 x layers x
-    hidden x position (attention scores and values). The extractor skips the whole KV blocks a
-    prompt shares with the trajectory's previous one (the prefix cache), short
-    of its last token, which is always computed."""
+    hidden x position (attention scores and values). The extractor skips the
+    whole KV blocks (``block`` tokens, the engine's ``block_size``) a prompt
+    shares with the trajectory's previous one (the prefix cache), short of its
+    last token, which is always computed."""
     config = getattr(config, "text_config", None) or config
     hidden, layers = config.hidden_size, config.num_hidden_layers
     kv = hidden // config.num_attention_heads * getattr(config, "num_key_value_heads", config.num_attention_heads)
@@ -264,13 +265,16 @@ class ExtractResult:
     computed_shards: int = 0
     skipped_shards: int = 0
     computed_points: int = 0
-    stopped: bool = False
-    """Shards were left for a later sitting (``stop_after_s``)."""
     inputs: int = len(STATE_NAMES)
     """States per point."""
     engine_start_s: float = 0.0
     extract_s: float = 0.0
     """Time spent on shards that were computed (tokenizing, engine, writing)."""
+
+    @property
+    def left(self) -> int:
+        """Shards left for a later sitting (``stop_after_s``)."""
+        return self.shards - self.computed_shards - self.skipped_shards
 
     @property
     def states_per_s(self) -> float:
@@ -352,7 +356,6 @@ def extract(
     try:
         for index in todo:
             if stop_after_s is not None and index != todo[0] and time.monotonic() - began >= stop_after_s:
-                result.stopped = True
                 break
             shard = shards[index]
             if live is None:
