@@ -244,6 +244,7 @@ def build_extract_parser() -> argparse.ArgumentParser:
         "--inputs",
         choices=("full,recent2", "full"),
         default="full,recent2",
+        metavar="{full,recent2 | full}",
         help="states per point: the full context and Recent2 (default), or the full context alone (what the "
         "server's heads read; about half the work: Recent2 prompts share only P with the others)",
     )

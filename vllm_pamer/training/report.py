@@ -237,7 +237,7 @@ def _verdict(c: Mapping[str, float]) -> str:
     if c["delta"] > 0 and c["p"] < SIGNIFICANT:
         return "**beats**"
     if c["delta"] > 0:
-        return "is above, **not significantly**,"
+        return "is **not significantly** above"
     return "**does not beat**"
 
 
