@@ -46,6 +46,9 @@ class FakeVllm:
     def kv_block_size(self, llm):
         return 16
 
+    def model_dtype(self, llm):
+        return "float32"
+
     def tokenizer(self, llm):
         return Tokenizer()
 

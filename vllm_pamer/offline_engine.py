@@ -154,6 +154,7 @@ class CaptureEngine:
             _set_environ(saved)
         self.max_model_len = vllm.max_model_len(self.llm)
         self.block_size = vllm.kv_block_size(self.llm)
+        self.dtype = vllm.model_dtype(self.llm)
 
     def get_tokenizer(self) -> Any:
         return _vllm().tokenizer(self.llm)

@@ -10,7 +10,7 @@ import pytest
 
 from tests.support.training_fixtures import synthetic_states, write_shards, write_states_dir
 from vllm_pamer.training.annotate import DecisionPoint
-from vllm_pamer.training.data import StatesError, load_states, relabel, shard_complete
+from vllm_pamer.training.data import StatesError, load_states, relabel, shard_complete, shard_dtype, write_shard
 
 
 def test_load_states_round_trip_and_completeness(tmp_path):
@@ -45,6 +45,30 @@ def test_load_states_round_trip_and_completeness(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(StatesError, match="manifest"):
         load_states(tmp_path / "empty")
+
+
+def test_shards_of_different_engine_dtypes_are_not_read_together(tmp_path):
+    """`--dtype auto` is fp32 on one CPU and bf16 on another: sittings on two
+    machines must not mix in one directory unnoticed."""
+    full, recent2, meta = synthetic_states(d=8, n_tau=2, n_swe=2)
+    write_shards(tmp_path / "s", full, recent2, meta, n_shards=2)
+    halves = np.array_split(np.arange(len(meta)), 2)
+    assert shard_dtype(tmp_path / "s", 0) is None  # written without one: not recorded
+
+    def rewrite(index, dtype):
+        rows = halves[index]
+        tensors = {"full": full[rows], "recent2": recent2[rows]}
+        write_shard(tmp_path / "s", index, tensors, [meta[i] for i in rows], dtype=dtype)
+
+    rewrite(0, "bfloat16")
+    with pytest.raises(StatesError, match=r"different engine dtypes \(bfloat16: 1, not recorded: 1 shards\)"):
+        load_states(tmp_path / "s")
+    rewrite(1, "float32")
+    with pytest.raises(StatesError, match="bfloat16: 1, float32: 1"):
+        load_states(tmp_path / "s")
+    rewrite(1, "bfloat16")
+    assert shard_dtype(tmp_path / "s", 1) == "bfloat16"
+    np.testing.assert_array_equal(load_states(tmp_path / "s")[0], full)
 
 
 def test_states_of_the_full_context_alone_read_back_without_recent2(tmp_path):

@@ -17,7 +17,15 @@ from tests.support.tiny_models import build_tiny_model, hf_last_token_states
 from vllm_pamer.core.render import render_tools_as_text
 from vllm_pamer.offline_engine import CaptureEngine
 from vllm_pamer.training.annotate import annotate_trajectory, char_counter
-from vllm_pamer.training.data import StatesError, load_data, load_labels, load_layer_states, load_states
+from vllm_pamer.training.data import (
+    StatesError,
+    load_data,
+    load_labels,
+    load_layer_states,
+    load_states,
+    shard_dtype,
+    write_shard,
+)
 from vllm_pamer.training.extract import ExtractError, extract, join_points, run_manifest, select_points
 from vllm_pamer.training.prompts import ChatPrompter, token_limit
 from vllm_pamer.trajectories import load_trajectories
@@ -154,6 +162,17 @@ def test_resume_and_settings_guard(engine, labelled, tmp_path):
     full3, recent2_3, meta3 = load_states(out)
     assert meta3 == meta
     assert np.allclose(full3, full, atol=1e-4) and np.allclose(recent2_3, recent2, atol=1e-4)
+
+    # each shard names the engine's dtype; a sitting whose engine computes in another is refused
+    assert {shard_dtype(out, i) for i in range(3)} == {live.dtype} == {"float32"}
+    rows = meta[:SHARD]
+    write_shard(out, 0, {"full": full[:SHARD], "recent2": recent2[:SHARD]}, rows, dtype="bfloat16")
+    (out / "states-00001.jsonl").unlink()
+    with pytest.raises(ExtractError, match="shards done in bfloat16, float32, this engine runs float32"):
+        extract(points, out, prompter, live, shard_size=SHARD, settings={"dtype": "float32"}, progress=False)
+    write_shard(out, 0, {"full": full[:SHARD], "recent2": recent2[:SHARD]}, rows, dtype="float32")
+    extract(points, out, prompter, live, shard_size=SHARD, settings={"dtype": "float32"}, progress=False)
+    assert np.allclose(load_states(out)[0], full, atol=1e-4)
 
     # another selection or other settings never mix into this directory
     with pytest.raises(StatesError, match="other settings"):

@@ -13,11 +13,21 @@ if TYPE_CHECKING:  # callers are type-checked against the reference package
         make_llm,
         max_model_len,
         metric_total,
+        model_dtype,
         shutdown,
         tokenizer,
     )
 
-__all__ = ["generate_captures", "kv_block_size", "make_llm", "max_model_len", "metric_total", "shutdown", "tokenizer"]
+__all__ = [
+    "generate_captures",
+    "kv_block_size",
+    "make_llm",
+    "max_model_len",
+    "metric_total",
+    "model_dtype",
+    "shutdown",
+    "tokenizer",
+]
 
 if not TYPE_CHECKING:
     globals().update(implementation("offline", __all__))

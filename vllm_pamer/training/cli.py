@@ -216,7 +216,12 @@ def build_extract_parser() -> argparse.ArgumentParser:
         help="random decision points: a fraction (0 < X < 1) or a count (X >= 1), drawn with --seed",
     )
     parser.add_argument("--seed", type=int, default=0, help="subsampling seed (default 0)")
-    parser.add_argument("--dtype", default="auto", help="engine dtype (default: auto, as served)")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        help="engine dtype (default: auto, as served: fp32 on a CPU without native bf16); "
+        "each shard records it, and a run goes on only in the dtype its shards were computed in",
+    )
     parser.add_argument(
         "--gpu-memory-utilization",
         type=float,

@@ -10,7 +10,10 @@ planned shard count ``shards``, for a ``--layers`` run the tap names
 alone, ``[n, d]`` float32; with ``--layers`` also ``layers_last`` and
 ``layers_mean``, ``[n, taps, d]``) and ``states-00000.jsonl`` (one metadata
 line per row). Both shard files are written to a temporary name and renamed,
-the JSON lines last.
+the JSON lines last. A shard's safetensors metadata names the engine's dtype
+(``dtype``): ``dtype: auto`` resolves per machine (a CPU without native bf16
+runs fp32, ``adapters/vllm_from_0_32/cpu.py``), so sittings on different
+machines could otherwise mix dtypes in one directory; the reader refuses that.
 
 Completeness: the manifest says how many shards were planned; a shard counts
 once both its files exist, and a directory with planned shards missing is an
@@ -82,8 +85,11 @@ def shard_complete(
         return False
 
 
-def write_shard(out_dir: Path, index: int, tensors: Mapping[str, np.ndarray], meta: list[dict]) -> None:
-    """``tensors``: ``full``, ``recent2`` unless left out (and the layer taps), ``len(meta)`` rows each."""
+def write_shard(
+    out_dir: Path, index: int, tensors: Mapping[str, np.ndarray], meta: list[dict], dtype: str | None = None
+) -> None:
+    """``tensors``: ``full``, ``recent2`` unless left out (and the layer taps), ``len(meta)`` rows each.
+    ``dtype``: the engine's, recorded in the shard (None: not known)."""
     from safetensors.numpy import save_file
 
     tensors_path, meta_path = shard_paths(out_dir, index)
@@ -91,13 +97,21 @@ def write_shard(out_dir: Path, index: int, tensors: Mapping[str, np.ndarray], me
     save_file(
         {name: np.ascontiguousarray(array, dtype=np.float32) for name, array in tensors.items()},
         str(tensors_path) + tmp,
-        metadata={"format": FORMAT, "rows": str(len(meta))},
+        metadata={"format": FORMAT, "rows": str(len(meta)), **({"dtype": dtype} if dtype else {})},
     )
     os.replace(str(tensors_path) + tmp, tensors_path)
     with open(str(meta_path) + tmp, "w") as handle:
         for row in meta:
             handle.write(json.dumps(row, ensure_ascii=False) + "\n")
     os.replace(str(meta_path) + tmp, meta_path)  # last: marks the shard complete
+
+
+def shard_dtype(out_dir: Path, index: int) -> str | None:
+    """The engine dtype shard ``index`` was computed in (None: not recorded)."""
+    from safetensors import safe_open
+
+    with safe_open(str(shard_paths(out_dir, index)[0]), framework="numpy") as f:
+        return (f.metadata() or {}).get("dtype")
 
 
 # --------------------------------------------------------------------------------------
@@ -145,6 +159,7 @@ def _read_shards(
 
     tensors: dict[str, list[np.ndarray]] = {name: [] for name in names}
     meta: list[dict[str, Any]] = []
+    dtypes: dict[str | None, int] = {}
     missing = 0
     for index in range(int(manifest["shards"])):
         tensors_path, meta_path = shard_paths(out_dir, index)
@@ -166,6 +181,8 @@ def _read_shards(
         for name in names:
             tensors[name].append(shard[name].astype(np.float32, copy=False))
         meta.extend(rows)
+        dtype = shard_dtype(out_dir, index)
+        dtypes[dtype] = dtypes.get(dtype, 0) + 1
     if missing and not allow_partial:
         raise StatesError(
             f"{out_dir}: {missing} of {manifest['shards']} shards are missing "
@@ -173,6 +190,10 @@ def _read_shards(
         )
     if not meta:
         raise StatesError(f"{out_dir}: no complete shard")
+    if len(dtypes) > 1:
+        order = sorted(dtypes, key=lambda dtype: (dtype is None, dtype or ""))  # recorded first
+        counts = ", ".join(f"{dtype or 'not recorded'}: {dtypes[dtype]}" for dtype in order)
+        raise StatesError(f"{out_dir}: shards computed in different engine dtypes ({counts} shards)")
     widths = {array.shape[1:] for array in tensors[names[0]]}
     if len(widths) != 1:
         raise StatesError(f"{out_dir}: shards disagree on the state shape: {sorted(widths)}")

@@ -57,7 +57,7 @@ import numpy as np
 
 from vllm_pamer.offline_engine import CaptureEngine
 from vllm_pamer.training.annotate import AnnotatorSettings, DecisionContext, DecisionPoint, decision_contexts
-from vllm_pamer.training.data import FORMAT, STATE_NAMES, open_run, shard_complete, write_shard
+from vllm_pamer.training.data import FORMAT, STATE_NAMES, open_run, shard_complete, shard_dtype, write_shard
 from vllm_pamer.training.prompts import ChatPrompter, PromptIds, head_size
 from vllm_pamer.worker.layer_taps import tap_names
 
@@ -349,6 +349,7 @@ def extract(
 
     owned = not isinstance(engine, CaptureEngine)
     live = engine if isinstance(engine, CaptureEngine) else None
+    done_dtypes = {shard_dtype(out_dir, i) for i in range(len(shards)) if i not in todo}
     done_states = len(inputs) * sum(len(shards[i]) for i in range(len(shards)) if i not in todo)
     total = len(inputs) * len(points)
     bar = tqdm(total=total, initial=done_states, unit="state", desc="extracting", disable=not progress)
@@ -371,6 +372,9 @@ def extract(
                 )
             if list(live.layers) != layers:
                 raise ExtractError(f"the engine taps blocks {live.layers}, the run asks for {layers}")
+            if done_dtypes - {live.dtype}:  # `--dtype auto` resolves per machine (data.py)
+                done = ", ".join(sorted(d or "a dtype not recorded" for d in done_dtypes))
+                raise ExtractError(f"{out_dir}: shards done in {done}, this engine runs {live.dtype} (see --dtype)")
             started = time.monotonic()
             # both inputs' token counts go into the metadata (the length control reads them), extracted or not
             prompts = [{name: prompter(p.messages(name)) for name in STATE_NAMES} for p in shard]
@@ -382,7 +386,7 @@ def extract(
                 taps = np.stack([r.layer_states() for r in records[0 :: len(inputs)]])  # [n, 2, taps, d]
                 tensors["layers_last"], tensors["layers_mean"] = taps[:, 0], taps[:, 1]
             meta = [point_metadata(p, point["full"], point["recent2"]) for p, point in zip(shard, prompts)]
-            write_shard(out_dir, index, tensors, meta)
+            write_shard(out_dir, index, tensors, meta, dtype=live.dtype)
             result.extract_s += time.monotonic() - started
             result.computed_shards += 1
             result.computed_points += len(shard)

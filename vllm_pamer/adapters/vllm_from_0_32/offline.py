@@ -32,6 +32,11 @@ def max_model_len(llm: LLM) -> int:
     return int(llm.llm_engine.model_config.max_model_len)
 
 
+def model_dtype(llm: LLM) -> str:
+    """The dtype the engine computes in (``float32``, ``bfloat16``, ...), ``auto`` resolved."""
+    return str(llm.llm_engine.model_config.dtype).removeprefix("torch.")
+
+
 def kv_block_size(llm: LLM) -> int:
     """Tokens per KV-cache block: the prefix cache serves whole blocks."""
     return int(llm.llm_engine.vllm_config.cache_config.block_size)

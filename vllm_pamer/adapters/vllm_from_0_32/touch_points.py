@@ -15,7 +15,9 @@ TOUCH_POINTS: tuple[TouchPoint, ...] = (
     TouchPoint(
         "model_executor/models/registry.py", "_ModelRegistry.resolve_model_cls", ("architectures", "model_config")
     ),
-    TouchPoint("config/model.py", "ModelConfig", ("runner_type", "hf_config", "served_model_name", "max_model_len")),
+    TouchPoint(
+        "config/model.py", "ModelConfig", ("runner_type", "hf_config", "served_model_name", "max_model_len", "dtype")
+    ),
     TouchPoint(
         "config/vllm.py", "VllmConfig", ("use_v2_model_runner", "model_config", "device_config", "parallel_config")
     ),
