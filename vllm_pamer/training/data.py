@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -155,11 +156,11 @@ def _read_shards(
 ) -> tuple[dict[str, np.ndarray], list[dict[str, Any]]]:
     """The tensors ``names`` of every complete planned shard, concatenated in
     shard order (float32), and their metadata rows."""
-    from safetensors.numpy import load_file
+    from safetensors import safe_open
 
     tensors: dict[str, list[np.ndarray]] = {name: [] for name in names}
     meta: list[dict[str, Any]] = []
-    dtypes: dict[str | None, int] = {}
+    dtypes: Counter[str | None] = Counter()
     missing = 0
     for index in range(int(manifest["shards"])):
         tensors_path, meta_path = shard_paths(out_dir, index)
@@ -167,7 +168,9 @@ def _read_shards(
             missing += 1
             continue
         rows = _read_meta(meta_path)
-        shard = load_file(str(tensors_path))
+        with safe_open(str(tensors_path), framework="numpy") as f:  # one read: tensors and the dtype
+            shard = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118
+            dtypes[(f.metadata() or {}).get("dtype")] += 1
         absent = [name for name in names if name not in shard]
         if absent:
             raise StatesError(f"{tensors_path}: missing tensors {absent} (has {sorted(shard)})")
@@ -181,8 +184,6 @@ def _read_shards(
         for name in names:
             tensors[name].append(shard[name].astype(np.float32, copy=False))
         meta.extend(rows)
-        dtype = shard_dtype(out_dir, index)
-        dtypes[dtype] = dtypes.get(dtype, 0) + 1
     if missing and not allow_partial:
         raise StatesError(
             f"{out_dir}: {missing} of {manifest['shards']} shards are missing "
